@@ -1,0 +1,55 @@
+"""shortcutlab: measure and diagnose acquisition-sibling leakage in image classifiers.
+
+The public entry points:
+
+- `CropTable`: a validated crop -> parent table (`shortcutlab.table`);
+- closed forms `sibling_share`, `exposure`, `diversity_ratio`, `pixel_overlap`
+  (`shortcutlab.exposure`);
+- split protocols `crop_split`, `parent_split`, `dedup_split`, `factorial_split`,
+  `ladder_split` and `make_split` (`shortcutlab.splits`), returning a `SplitManifest`;
+- `audit` and `measure_split` (`shortcutlab.audit`), `reporting_card` (`shortcutlab.card`).
+"""
+
+__version__ = "0.1.0"
+
+from .audit import audit, measure_split
+from .card import reporting_card
+from .errors import ManifestHashError, ShortcutlabError, SplitError, TableError
+from .exposure import diversity_ratio, exposure, pixel_overlap, sibling_share, summarize
+from .manifest import SplitManifest, content_hash, verify
+from .splits import (
+    available_protocols,
+    crop_split,
+    dedup_split,
+    factorial_split,
+    ladder_split,
+    make_split,
+    parent_split,
+)
+from .table import CropTable
+
+__all__ = [
+    "CropTable",
+    "ManifestHashError",
+    "ShortcutlabError",
+    "SplitError",
+    "SplitManifest",
+    "TableError",
+    "audit",
+    "available_protocols",
+    "content_hash",
+    "crop_split",
+    "dedup_split",
+    "diversity_ratio",
+    "exposure",
+    "factorial_split",
+    "ladder_split",
+    "make_split",
+    "measure_split",
+    "parent_split",
+    "pixel_overlap",
+    "reporting_card",
+    "sibling_share",
+    "summarize",
+    "verify",
+]

@@ -1,0 +1,143 @@
+"""Audit a crop table and, optionally, an existing split of it.
+
+`audit` returns the closed-form exposure (see `exposure`) and, given a manifest, the same
+figures measured on that split: the share of evaluation crops with a training sibling, with a
+pixel-overlapping training sibling, parents and patients per side, parents crossing sides and
+the class balance of every side.
+
+Example:
+    >>> import pandas as pd
+    >>> from shortcutlab.table import CropTable
+    >>> from shortcutlab.splits import crop_split
+    >>> df = pd.DataFrame({"id": range(6), "label": list("ababab"), "parent": [0, 0, 0, 1, 1, 1]})
+    >>> t = CropTable.from_frame(df, id="id")
+    >>> r = audit(t, split=crop_split(t, test_fraction=0.5, seed=1))
+    >>> r["measured"]["test"]["with_train_sibling"]
+    1.0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .errors import SplitError
+from .exposure import summarize
+from .manifest import SIDES, SplitManifest
+from .overlap import has_overlapping_partner
+from .table import CropTable
+
+
+def sibling_exposure(parent_codes: np.ndarray, query: np.ndarray, train: np.ndarray) -> float:
+    """Share of `query` crops whose parent has at least one `train` crop.
+
+    Args:
+        parent_codes: (N,) integer parent of every crop.
+        query: (N,) bool, the evaluation side.
+        train: (N,) bool, the training side (disjoint from `query`).
+    """
+    query = np.asarray(query, dtype=bool)
+    if not query.any():
+        return float("nan")
+    has_train = np.zeros(int(parent_codes.max()) + 1, dtype=bool)
+    has_train[parent_codes[np.asarray(train, dtype=bool)]] = True
+    return float(has_train[parent_codes[query]].mean())
+
+
+def side_codes(table: CropTable, assignment: pd.DataFrame) -> np.ndarray:
+    """Map a manifest's id/split rows onto the table: (N,) codes 0 train, 1 val, 2 test, -1 unused.
+
+    Raises:
+        SplitError: the manifest names crops the table does not have.
+    """
+    ids = pd.Index(table.ids)
+    pos = ids.get_indexer(assignment["id"].to_numpy(dtype=object))
+    missing = pos < 0
+    if missing.any():
+        bad = assignment["id"].to_numpy()[missing][:5]
+        raise SplitError(
+            f"the manifest names {int(missing.sum())} crop id(s) that are not in the table, e.g. {list(map(str, bad))}; "
+            "check that --id matches the column the split was made with"
+        )
+    side = np.full(table.n_crops, -1, dtype=np.int8)
+    side[pos] = pd.Categorical(assignment["split"], categories=list(SIDES)).codes
+    return side
+
+
+def measure_split(table: CropTable, assignment: pd.DataFrame) -> dict:
+    """Figures measured on one split (one cell of a manifest).
+
+    Returns:
+        A dict with ``n_unassigned``, per side (train/val/test) ``n_crops``, ``n_parents``,
+        ``n_groups`` and ``class_share``, for each evaluation side ``with_train_sibling`` and
+        ``with_overlapping_train_sibling`` (shares, None without geometry), plus
+        ``parents_crossing`` (parents with crops on more than one side) and
+        ``groups_crossing``.
+    """
+    side = side_codes(table, assignment)
+    pc = table.parent_codes
+    out: dict = {"n_unassigned": int((side < 0).sum())}
+    train = side == 0
+    m_overlap = None
+    for code, name in enumerate(SIDES):
+        m = side == code
+        if not m.any():
+            continue
+        labels = table.label_codes[m]
+        share = np.bincount(labels, minlength=table.n_classes) / m.sum()
+        rec = {
+            "n_crops": int(m.sum()),
+            "n_parents": int(len(np.unique(pc[m]))),
+            "n_groups": int(len(np.unique(table.group_codes[m]))) if table.has_group else None,
+            "class_share": {c: round(float(s), 6) for c, s in zip(table.classes, share)},
+        }
+        if name != "train":
+            rec["with_train_sibling"] = round(sibling_exposure(pc, m, train), 6)
+            if table.has_geometry:
+                hit = has_overlapping_partner(table.overlap_pairs, m, train)
+                rec["with_overlapping_train_sibling"] = round(float(hit[m].mean()), 6)
+            else:
+                rec["with_overlapping_train_sibling"] = None
+        out[name] = rec
+    assigned = side >= 0
+    sides_per_parent = pd.Series(side[assigned]).groupby(pc[assigned]).nunique()
+    out["parents_crossing"] = int((sides_per_parent > 1).sum())
+    if table.has_group:
+        sides_per_group = pd.Series(side[assigned]).groupby(table.group_codes[assigned]).nunique()
+        out["groups_crossing"] = int((sides_per_group > 1).sum())
+    else:
+        out["groups_crossing"] = None
+    return out
+
+
+def audit(
+    table: CropTable,
+    test_fraction: float = 0.2,
+    split: SplitManifest | None = None,
+    cell: str | None = None,
+) -> dict:
+    """Closed-form exposure of `table` and, with `split`, the figures measured on it.
+
+    Args:
+        table: the crops.
+        test_fraction: q for the closed forms.
+        split: an optional manifest; with several cells every cell is measured unless `cell`
+            names one.
+        cell: one cell of a multi-cell manifest.
+
+    Returns:
+        JSON-ready dict: ``n_crops``, ``n_parents``, ``n_classes``, ``n_groups``,
+        ``test_fraction``, ``sibling_share``, ``exposure``, ``diversity_ratio``,
+        ``pixel_overlap`` (None without geometry), ``overlap_share`` and, with a split,
+        ``measured`` (per cell when there are several) and ``split`` (protocol, params, hash).
+    """
+    result = summarize(table, test_fraction).to_dict()
+    result["source"] = table.source
+    if split is not None:
+        cells = split.cells
+        if cell is not None or len(cells) == 1:
+            result["measured"] = measure_split(table, split.cell(cell))
+        else:
+            result["measured"] = {c: measure_split(table, split.cell(c)) for c in cells}
+        result["split"] = {"protocol": split.protocol, "params": split.params, "sha256": split.hash}
+    return result

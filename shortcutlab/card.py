@@ -1,0 +1,88 @@
+"""A short Markdown reporting card for an evaluation's split.
+
+It states what a defensible evaluation reports (reference 003, "Reporting standard";
+reference 002): the split unit and splitter with its parameters, the number of parents (and
+patients), not only crops, the measured sibling share of the test set, and whether near-duplicate
+merging preceded the split. Without a split it states the closed-form exposure a crop-level
+split would have.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None or x != x else f"{100 * x:.1f}%"
+
+
+def reporting_card(result: dict) -> str:
+    """Render an `audit` result as Markdown.
+
+    Args:
+        result: the dict returned by `shortcutlab.audit.audit`.
+
+    Returns:
+        Markdown text.
+    """
+    r = result
+    lines = [
+        "# Evaluation reporting card",
+        "",
+        f"Table: `{r.get('source', '?')}`",
+        "",
+        "## Acquisition structure",
+        f"- Crops: {r['n_crops']:,}; parents (acquisitions): {r['n_parents']:,}"
+        + (f"; groups (patients): {r['n_groups']:,}" if r.get("n_groups") else "; groups (patients): not given"),
+        f"- Classes: {r['n_classes']}",
+        f"- Crops whose parent holds another crop (sibling share): {_pct(r['sibling_share'])}",
+        f"- A crop-level split with test fraction {r['test_fraction']:g} would expose "
+        f"{_pct(r['exposure'])} of test crops to a training sibling"
+        + (f" and {_pct(r['pixel_overlap'])} to a pixel-overlapping one" if r.get("pixel_overlap") is not None else ""),
+        f"- Crop-level training sets would hold {r['diversity_ratio']:.3f}x the parents of a parent-level one of equal size",
+    ]
+    split = r.get("split")
+    if split is None:
+        lines += ["", "## Split", "- No split given: audit one with `--split MANIFEST.csv`."]
+        return "\n".join(lines) + "\n"
+
+    params = dict(split.get("params") or {})
+    protocol = split.get("protocol", "external")
+    unit = params.get("unit", "unknown (manifest without metadata)")
+    dedup = params.get("dedup")
+    dedup_text = (
+        f"yes, {dedup.get('method')} with Hamming threshold {dedup.get('max_distance')}"
+        if dedup
+        else ("no" if protocol != "external" else "unknown (manifest without metadata)")
+    )
+    shown = {k: v for k, v in params.items() if k != "dedup"}
+    lines += [
+        "",
+        "## Split",
+        f"- Split unit: {unit}",
+        f"- Splitter: shortcutlab `{protocol}` with parameters `{json.dumps(shown, sort_keys=True)}`",
+        f"- Manifest SHA-256: `{split.get('sha256')}`",
+        f"- Near-duplicate merging before the split: {dedup_text}",
+        "- Augmentation: applied after the split, to training crops only (state it if otherwise)",
+    ]
+    measured = r.get("measured") or {}
+    cells = measured if "train" not in measured and measured and all(isinstance(v, dict) and "train" in v for v in measured.values()) else {"": measured}
+    for name, m in cells.items():
+        head = f"### Cell `{name}`" if name else "### Measured on this split"
+        lines += ["", head, "", "| side | crops | parents | groups | with a training sibling | with an overlapping training sibling |", "|---|---|---|---|---|---|"]
+        for side in ("train", "val", "test"):
+            s = m.get(side)
+            if not s:
+                continue
+            lines.append(
+                f"| {side} | {s['n_crops']:,} | {s['n_parents']:,} | {s['n_groups'] if s['n_groups'] is not None else 'n/a'} | "
+                f"{_pct(s.get('with_train_sibling')) if side != 'train' else ''} | "
+                f"{_pct(s.get('with_overlapping_train_sibling')) if side != 'train' else ''} |"
+            )
+        lines.append("")
+        lines.append(f"- Parents on more than one side: {m.get('parents_crossing')}")
+        if m.get("groups_crossing") is not None:
+            lines.append(f"- Groups (patients) on more than one side: {m.get('groups_crossing')}")
+        if m.get("n_unassigned"):
+            lines.append(f"- Crops in the table but not in this split: {m['n_unassigned']:,}")
+    return "\n".join(lines) + "\n"

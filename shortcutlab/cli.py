@@ -1,0 +1,239 @@
+"""The `shortcutlab` command line: audit, split, verify.
+
+Run ``shortcutlab COMMAND --help`` for the options of each command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import ManifestHashError, ShortcutlabError
+
+
+def _add_table_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("table", help="CSV file, one row per crop")
+    g = p.add_argument_group("table columns")
+    g.add_argument("--parent", required=True, help="acquisition-parent column (field, slide image, ...)")
+    g.add_argument("--label", required=True, help="class column")
+    g.add_argument("--id", help="crop id column, or several joined with commas (default: row number)")
+    g.add_argument("--group", help="higher-level unit column, e.g. patient")
+    g.add_argument("--image", help="crop image path column")
+    g.add_argument("--mask", help="cell mask path column")
+    g.add_argument("--hash-column", help="column of 16-hex-digit perceptual hashes of the crops (for parent-dedup)")
+    g.add_argument("--box", metavar="X,Y,W,H", help="box columns (top-left corner and size in parent pixels)")
+    g.add_argument("--center", metavar="X,Y", help="crop centre columns (needs --crop-size)")
+    g.add_argument("--crop-size", metavar="S", help="square crop side in pixels (a number or a column)")
+
+
+def _load_table(args):
+    from .table import CropTable
+
+    return CropTable.from_csv(
+        args.table,
+        id=args.id,
+        label=args.label,
+        parent=args.parent,
+        group=args.group,
+        image=args.image,
+        mask=args.mask,
+        box=args.box,
+        center=args.center,
+        crop_size=args.crop_size,
+        phash=getattr(args, "hash_column", None),
+    )
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.4f}"
+    return str(x)
+
+
+def _print_audit(result: dict) -> None:
+    rows = [
+        ("crops", result["n_crops"]),
+        ("parents", result["n_parents"]),
+        ("groups", result["n_groups"]),
+        ("classes", result["n_classes"]),
+        ("test fraction q", result["test_fraction"]),
+        ("sibling share", result["sibling_share"]),
+        ("exposure (crop-level split)", result["exposure"]),
+        ("diversity ratio", result["diversity_ratio"]),
+        ("pixel overlap (crop-level split)", result["pixel_overlap"]),
+        ("crops overlapping a sibling", result["overlap_share"]),
+    ]
+    print(f"Audit of {result['source']}")
+    print("closed forms")
+    for k, v in rows:
+        print(f"  {k:<34} {_fmt(v)}")
+    measured = result.get("measured")
+    if not measured:
+        return
+    split = result["split"]
+    print(f"measured on split ({split['protocol']}, sha256 {split['sha256'][:16]}...)")
+    cells = {"": measured} if "parents_crossing" in measured else measured
+    for name, m in cells.items():
+        if name:
+            print(f"  cell {name}")
+        print(f"  {'side':<6} {'crops':>9} {'parents':>8} {'groups':>7} {'w/ train sib':>13} {'w/ overlap':>11}")
+        for side in ("train", "val", "test"):
+            s = m.get(side)
+            if not s:
+                continue
+            print(
+                f"  {side:<6} {s['n_crops']:>9} {s['n_parents']:>8} {_fmt(s['n_groups']):>7} "
+                f"{_fmt(s.get('with_train_sibling')) if side != 'train' else '':>13} "
+                f"{_fmt(s.get('with_overlapping_train_sibling')) if side != 'train' else '':>11}"
+            )
+        print(f"  parents crossing sides: {m['parents_crossing']}; groups crossing: {_fmt(m['groups_crossing'])}")
+        for side in ("train", "val", "test"):
+            s = m.get(side)
+            if s:
+                shares = ", ".join(f"{c} {v:.3f}" for c, v in s["class_share"].items())
+                print(f"  class share {side}: {shares}")
+
+
+def cmd_audit(args) -> int:
+    from .audit import audit
+    from .card import reporting_card
+    from .manifest import SplitManifest
+
+    table = _load_table(args)
+    split = SplitManifest.read(args.split) if args.split else None
+    result = audit(table, test_fraction=args.test_fraction, split=split, cell=args.cell)
+    _print_audit(result)
+    if args.json:
+        _write(args.json, json.dumps(result, indent=2, default=_json_default) + "\n")
+        print(f"wrote {args.json}")
+    if args.card:
+        _write(args.card, reporting_card(result))
+        print(f"wrote {args.card}")
+    return 0
+
+
+def cmd_split(args) -> int:
+    from .splits import make_split
+
+    table = _load_table(args)
+    params: dict = {"seed": args.seed}
+    p = args.protocol
+    if p in ("crop", "parent", "parent-dedup", "ladder"):
+        params["test_fraction"] = args.test_fraction
+    if p in ("crop", "parent", "parent-dedup") and args.val_fraction:
+        params["val_fraction"] = args.val_fraction
+    if p in ("parent", "parent-dedup"):
+        unit = args.unit or ("group" if args.group else "parent")
+        params["unit"] = unit
+    if p == "parent-dedup":
+        params["max_distance"] = args.max_distance
+    if p == "factorial":
+        params["test_parent_share"] = args.test_parent_share
+        params["diversity_contrast"] = args.diversity_contrast
+        if args.n_per_class:
+            params["n_per_class"] = args.n_per_class
+        params["allocation"] = args.allocation
+    if p == "ladder" and args.levels:
+        params["levels"] = [float(x) for x in args.levels.split(",")]
+    manifest = make_split(table, p, **params)
+    digest = manifest.to_csv(args.out)
+    print(f"protocol {p}: {len(manifest.assignments)} rows written to {args.out}")
+    for key in ("test_share", "n_test", "n_train", "n_val", "max_class_deviation", "parents_after_merge", "n_per_class", "achieved_diversity_contrast"):
+        if key in manifest.report:
+            print(f"  {key}: {manifest.report[key]}")
+    if "cells" in manifest.report:
+        for name, c in manifest.report["cells"].items():
+            print(f"  {name}: {c['n_crops']} crops, {c['n_parents']} parents, test with a training sibling {c['test_with_train_sibling']:.3f}")
+    if "levels" in manifest.report:
+        for name, c in manifest.report["levels"].items():
+            print(f"  {name}: test share {c['test_share']:.4f}, test with a training sibling {c['test_with_train_sibling']:.3f}")
+    print(f"sha256 {digest}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .manifest import verify
+
+    try:
+        digest = verify(args.manifest, args.hash)
+    except ManifestHashError as e:
+        print(f"MISMATCH: {e}", file=sys.stderr)
+        return 1
+    print(f"OK {digest}")
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .splits import available_protocols
+
+    parser = argparse.ArgumentParser(prog="shortcutlab", description="Audit and split crop tables for acquisition-sibling leakage.")
+    parser.add_argument("--version", action="version", version=f"shortcutlab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("audit", help="exposure closed forms of a table, and figures measured on a split")
+    _add_table_options(a)
+    a.add_argument("--split", metavar="MANIFEST", help="manifest CSV to measure")
+    a.add_argument("--cell", help="one cell of a multi-cell manifest (default: all)")
+    a.add_argument("--test-fraction", type=float, default=0.2, metavar="Q", help="q for the closed forms (default 0.2)")
+    a.add_argument("--json", metavar="OUT", help="write the figures as JSON")
+    a.add_argument("--card", metavar="OUT.md", help="write a Markdown reporting card")
+    a.set_defaults(func=cmd_audit)
+
+    s = sub.add_parser("split", help="build a split manifest with a protocol")
+    _add_table_options(s)
+    s.add_argument("--protocol", required=True, choices=available_protocols())
+    s.add_argument("--test-fraction", type=float, default=0.2, metavar="Q")
+    s.add_argument("--val-fraction", type=float, default=0.0, metavar="V")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, metavar="MANIFEST.csv")
+    s.add_argument("--unit", choices=("parent", "group"), help="split unit for parent/parent-dedup (default: group when --group is given)")
+    s.add_argument("--max-distance", type=int, default=4, help="parent-dedup: Hamming threshold in bits (default 4)")
+    s.add_argument("--test-parent-share", type=float, default=0.3, help="factorial: share of multi-crop parents giving half their crops to test")
+    s.add_argument("--diversity-contrast", type=float, default=1.43, help="factorial: parents in the high over the low level")
+    s.add_argument("--n-per-class", type=int, help="factorial: training crops per class, of the largest class with proportional allocation (default: the most every cell allows)")
+    s.add_argument("--allocation", choices=("balanced", "proportional"), default="balanced", help="factorial: equal crops per class (default) or the table's class shares")
+    s.add_argument("--levels", help="ladder: comma-separated crossing shares (default 0,0.25,0.5,0.75,1)")
+    s.set_defaults(func=cmd_split)
+
+    v = sub.add_parser("verify", help="check a manifest against a registered hash")
+    v.add_argument("manifest")
+    v.add_argument("--hash", help="expected SHA-256 (default: the one in the manifest's JSON sidecar)")
+    v.set_defaults(func=cmd_verify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ShortcutlabError as e:
+        print(f"shortcutlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

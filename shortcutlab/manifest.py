@@ -1,0 +1,232 @@
+"""Split manifests: which crop goes where, with a content hash to register and verify.
+
+A manifest is a tidy table, one row per (cell, crop): columns ``id``, ``split`` (train, val or
+test) and, for designs with several training sets, ``cell`` (and ``level`` for the ladder).
+It is written as CSV plus a JSON sidecar (``<name>.json``) that records the protocol, its
+parameters, the achieved figures and the hash.
+
+The hash is the SHA-256 of the rows sorted by (cell, id), so it does not depend on the row
+order of the file; it covers the assignment, not the metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from .errors import ManifestHashError, SplitError, first_rows
+
+Side = Literal["train", "val", "test"]
+SIDES: tuple[str, ...] = ("train", "val", "test")
+_COLUMNS = ("id", "split", "cell", "level")
+
+
+def content_hash(assignments: pd.DataFrame) -> str:
+    """SHA-256 of a manifest's rows, independent of their order.
+
+    Args:
+        assignments: columns id, split and optionally cell, level.
+
+    Returns:
+        64 hex digits.
+    """
+    cols = [c for c in _COLUMNS if c in assignments.columns]
+    frame = pd.DataFrame({c: assignments[c].astype(str).to_numpy(dtype=object) for c in cols})
+    key = ["cell", "id"] if "cell" in cols else ["id"]
+    frame = frame.sort_values(key, kind="stable")
+    h = hashlib.sha256()
+    h.update(("\t".join(cols) + "\n").encode())
+    body = frame[cols[0]]
+    for c in cols[1:]:
+        body = body.str.cat(frame[c], sep="\t")
+    h.update(("\n".join(body.tolist()) + "\n").encode())
+    return h.hexdigest()
+
+
+def _check_assignments(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    for c in ("id", "split"):
+        if c not in df.columns:
+            raise SplitError(f"manifest column {c!r} is missing in {where}; columns are: {', '.join(map(str, df.columns))}")
+    extra = [c for c in df.columns if c not in _COLUMNS]
+    if extra:
+        raise SplitError(f"manifest {where} has unexpected columns {extra}; expected {list(_COLUMNS)}")
+    df = df.reset_index(drop=True)
+    for c in df.columns:
+        if c == "level":
+            continue
+        v = df[c].to_numpy(dtype=object)
+        bad = pd.isna(v) | (v == "")
+        if bad.any():
+            raise SplitError(f"manifest column {c!r} is empty in {where}, {first_rows(bad)}")
+    bad = ~df["split"].isin(SIDES).to_numpy()
+    if bad.any():
+        vals = sorted(set(df["split"][bad].astype(str)))[:5]
+        raise SplitError(f"manifest column 'split' must be one of {SIDES}; {where} has {vals} in {first_rows(bad)}")
+    key = ["cell", "id"] if "cell" in df.columns else ["id"]
+    dup = df.duplicated(key, keep=False).to_numpy()
+    if dup.any():
+        raise SplitError(f"manifest {where} assigns a crop twice{' in one cell' if 'cell' in key else ''}: {first_rows(dup, df['id'].to_numpy())}")
+    out = pd.DataFrame({c: df[c].astype(str).to_numpy(dtype=object) for c in df.columns if c != "level"})
+    if "level" in df.columns:
+        out["level"] = pd.to_numeric(df["level"]).to_numpy(dtype=float)
+    return out[[c for c in _COLUMNS if c in out.columns]]
+
+
+@dataclass(frozen=True, eq=False)
+class SplitManifest:
+    """A split: crop ids assigned to train/val/test, per cell of a design.
+
+    Attributes:
+        assignments: tidy DataFrame with columns id, split[, cell][, level].
+        protocol: the protocol that made it ('crop', 'parent', 'parent-dedup', 'factorial',
+            'ladder', or 'external' for a manifest read without metadata).
+        params: protocol parameters (seed, test fraction, unit, ...).
+        report: what the protocol achieved (shares, counts, checks).
+    """
+
+    assignments: pd.DataFrame
+    protocol: str = "external"
+    params: dict = field(default_factory=dict)
+    report: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "assignments", _check_assignments(self.assignments, "assignments"))
+
+    @property
+    def hash(self) -> str:
+        """SHA-256 content hash (see `content_hash`)."""
+        return content_hash(self.assignments)
+
+    @property
+    def cells(self) -> tuple[str, ...]:
+        """Cell names, in order of first appearance; ('',) for a single split."""
+        if "cell" not in self.assignments.columns:
+            return ("",)
+        return tuple(pd.unique(self.assignments["cell"]))
+
+    def cell(self, name: str | None = None) -> pd.DataFrame:
+        """The id/split rows of one cell (all rows for a single split).
+
+        Raises:
+            SplitError: unknown cell name, or a name is needed because there are several.
+        """
+        a = self.assignments
+        if "cell" not in a.columns:
+            if name not in (None, ""):
+                raise SplitError(f"this manifest has no cells, got cell {name!r}")
+            return a[["id", "split"]]
+        if name is None:
+            if len(self.cells) == 1:
+                name = self.cells[0]
+            else:
+                raise SplitError(f"this manifest has {len(self.cells)} cells; choose one with --cell: {', '.join(self.cells)}")
+        rows = a[a["cell"] == name]
+        if rows.empty:
+            raise SplitError(f"unknown cell {name!r}; cells are: {', '.join(self.cells)}")
+        return rows[["id", "split"]].reset_index(drop=True)
+
+    def metadata(self) -> dict:
+        """JSON-ready sidecar content."""
+        from . import __version__
+
+        return {
+            "protocol": self.protocol,
+            "params": _jsonable(self.params),
+            "report": _jsonable(self.report),
+            "sha256": self.hash,
+            "n_rows": int(len(self.assignments)),
+            "cells": [c for c in self.cells if c],
+            "shortcutlab_version": __version__,
+        }
+
+    def to_csv(self, path: str | os.PathLike) -> str:
+        """Write the CSV and its JSON sidecar; return the hash."""
+        path = os.fspath(path)
+        d = os.path.dirname(path)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        self.assignments.to_csv(path, index=False)
+        meta = self.metadata()
+        with open(sidecar_path(path), "w") as f:
+            json.dump(meta, f, indent=2, sort_keys=True)
+            f.write("\n")
+        return meta["sha256"]
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "SplitManifest":
+        """Read a manifest CSV (and its sidecar, if present)."""
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise SplitError(f"manifest file {path!r} does not exist")
+        try:
+            df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+        except pd.errors.EmptyDataError:
+            raise SplitError(f"manifest file {path!r} is empty") from None
+        protocol, params, report = "external", {}, {}
+        side = sidecar_path(path)
+        if os.path.exists(side):
+            with open(side) as f:
+                meta = json.load(f)
+            protocol = meta.get("protocol", protocol)
+            params = meta.get("params", {})
+            report = meta.get("report", {})
+        try:
+            return cls(df, protocol=protocol, params=params, report=report)
+        except SplitError as e:
+            raise SplitError(f"{path}: {e}") from None
+
+    def summary(self) -> pd.DataFrame:
+        """Crops per cell and side, as a tidy table."""
+        a = self.assignments
+        keys = ["cell", "split"] if "cell" in a.columns else ["split"]
+        return a.groupby(keys, sort=False).size().rename("n_crops").reset_index()
+
+
+def sidecar_path(path: str) -> str:
+    root, _ = os.path.splitext(path)
+    return root + ".json"
+
+
+def verify(path: str | os.PathLike, expected: str | None = None) -> str:
+    """Recompute a manifest's hash and compare it with `expected` (or with its sidecar's).
+
+    Returns:
+        The recomputed hash.
+
+    Raises:
+        ManifestHashError: on a mismatch, or when there is nothing to compare with.
+    """
+    m = SplitManifest.read(path)
+    got = m.hash
+    if expected is None:
+        side = sidecar_path(os.fspath(path))
+        if not os.path.exists(side):
+            raise ManifestHashError(f"no hash given and no sidecar {side!r} to compare with; pass --hash")
+        with open(side) as f:
+            expected = json.load(f).get("sha256")
+        if not expected:
+            raise ManifestHashError(f"sidecar {side!r} holds no 'sha256'")
+    expected = expected.strip().lower()
+    if got != expected:
+        raise ManifestHashError(f"manifest {os.fspath(path)!r} has hash {got}, expected {expected}")
+    return got
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    return obj

@@ -1,0 +1,645 @@
+"""Split protocols: crop-level (P1), parent-disjoint (P2), near-duplicate-merged (P3), the
+leak/clean factorial (H3) and the relatedness ladder.
+
+Every protocol takes a `CropTable` and a seed and returns a `SplitManifest`. Randomness comes
+from independent named streams of ``numpy.random.default_rng([seed, stream])``, and tables are
+sorted by crop id, so a split depends on the seed and the table's content, never on its row
+order. The streams are shared on purpose: the ladder's level 0 equals the `parent` split and
+its level 1 equals the `crop` split of the same seed.
+
+Example:
+    >>> import pandas as pd
+    >>> from shortcutlab.table import CropTable
+    >>> df = pd.DataFrame({"id": range(8), "label": list("aabbaabb"), "parent": [0, 0, 1, 1, 2, 2, 3, 3]})
+    >>> m = parent_split(CropTable.from_frame(df, id="id"), test_fraction=0.5, seed=0)
+    >>> m.report["test_share"]
+    0.5
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .errors import SplitError
+from .exposure import _check_q
+from .manifest import SplitManifest
+from .table import CropTable
+
+# Named random streams (see module docstring).
+_CROP_KEYS, _UNIT_SELECT, _LADDER_ORDER, _FACTORIAL = 1, 2, 3, 4
+
+_PROTOCOLS: dict[str, Callable[..., SplitManifest]] = {}
+
+
+def register_protocol(name: str):
+    """Decorator adding a split protocol to the registry used by `make_split` and the CLI."""
+
+    def deco(fn):
+        if name in _PROTOCOLS:
+            raise SplitError(f"split protocol {name!r} is registered twice ({_PROTOCOLS[name].__module__} and {fn.__module__})")
+        _PROTOCOLS[name] = fn
+        return fn
+
+    return deco
+
+
+def available_protocols() -> tuple[str, ...]:
+    return tuple(_PROTOCOLS)
+
+
+def make_split(table: CropTable, protocol: str, **params) -> SplitManifest:
+    """Run a protocol by name ('crop', 'parent', 'parent-dedup', 'factorial', 'ladder')."""
+    if protocol not in _PROTOCOLS:
+        import difflib
+
+        close = difflib.get_close_matches(protocol, _PROTOCOLS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise SplitError(f"unknown split protocol {protocol!r}; available: {', '.join(_PROTOCOLS)}{hint}")
+    return _PROTOCOLS[protocol](table, **params)
+
+
+def _rng(seed: int, stream: int) -> np.random.Generator:
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise SplitError(f"the seed must be a non-negative integer, got {seed!r}")
+    return np.random.default_rng([int(seed), stream])
+
+
+def _check_fractions(test_fraction: float, val_fraction: float) -> tuple[float, float]:
+    q = _check_q(test_fraction)
+    v = float(val_fraction)
+    if not 0.0 <= v < 1.0 or q + v >= 1.0:
+        raise SplitError(f"the validation fraction must be in [0, 1) with test + val < 1; got test {q}, val {v}")
+    return q, v
+
+
+# ---------------------------------------------------------------------------- building blocks
+def _stratified_crop_sides(
+    labels: np.ndarray, keys: np.ndarray, idx: np.ndarray, q: float, v: float
+) -> np.ndarray:
+    """Side codes (0 train, 1 val, 2 test) for crops `idx`, stratified by label.
+
+    Within each class the crops are ordered by their random key; the first round(q n_c) go to
+    test and the next round(v n_c) to validation.
+    """
+    out = np.zeros(len(idx), dtype=np.int8)
+    if len(idx) == 0:
+        return out
+    lab = labels[idx]
+    order = np.lexsort((keys[idx], lab))
+    lab_sorted = lab[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(lab_sorted)) + 1]
+    sizes = np.diff(np.r_[starts, len(order)])
+    rank = np.arange(len(order)) - np.repeat(starts, sizes)
+    n_c = np.repeat(sizes, sizes)
+    n_test = np.rint(q * n_c)
+    n_val = np.rint(v * n_c)
+    side_sorted = np.where(rank < n_test, 2, np.where(rank < n_test + n_val, 1, 0)).astype(np.int8)
+    out[order] = side_sorted
+    return out
+
+
+def _objective(d: np.ndarray, w: np.ndarray, w_all: float) -> np.ndarray:
+    """Weighted deviation from the target: per-class relative error plus overall relative error."""
+    return np.abs(d) @ w + np.abs(d.sum(axis=-1)) * w_all
+
+
+def _select_units(
+    V: np.ndarray,
+    target: np.ndarray,
+    rng: np.random.Generator,
+    eligible: np.ndarray | None = None,
+    max_iter: int = 400,
+) -> np.ndarray:
+    """Choose whole units (parents or patients) whose class counts sum close to `target`.
+
+    A random prefix within each dominant-class stratum gets close; best-improvement toggles of
+    single units then minimise sum_c |T_c - t_c| / t_c + |T - t| / t, so the achieved share is as
+    close to the target as the unit sizes allow (up to that local search).
+
+    Args:
+        V: (U, C) crops of each class in each unit.
+        target: (C,) desired crops per class on the selected side.
+        rng: random stream.
+        eligible: (U,) bool, units that may be selected.
+        max_iter: bound on local-search moves.
+
+    Returns:
+        (U,) bool selection.
+    """
+    U, C = V.shape
+    eligible = np.ones(U, dtype=bool) if eligible is None else eligible
+    idx = np.flatnonzero(eligible)
+    sel = np.zeros(U, dtype=bool)
+    if len(idx) == 0 or target.sum() <= 0:
+        return sel
+    Ve = V[idx].astype(np.float64)
+    size = Ve.sum(axis=1)
+    share = float(target.sum() / max(size.sum(), 1.0))
+
+    # Random prefix per dominant-class stratum.
+    dom = np.argmax(Ve + rng.random(Ve.shape) * 1e-3, axis=1)
+    key = rng.random(len(idx))
+    order = np.lexsort((key, dom))
+    dom_s = dom[order]
+    size_s = size[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(dom_s)) + 1]
+    lens = np.diff(np.r_[starts, len(order)])
+    cum = np.cumsum(size_s)
+    base = np.repeat(np.r_[0.0, cum[starts[1:] - 1]], lens)
+    within = cum - base  # cumulative size inside the stratum, including this unit
+    stratum_total = np.repeat(np.add.reduceat(size_s, starts), lens)
+    goal = share * stratum_total
+    before = within - size_s
+    # Take a unit while the stratum is still nearer its goal with it than without it.
+    take = np.abs(within - goal) <= np.abs(before - goal)
+    take &= before < goal
+    sel_e = np.zeros(len(idx), dtype=bool)
+    sel_e[order[take]] = True
+
+    w = 1.0 / np.maximum(target.astype(np.float64), 1.0)
+    w_all = 1.0 / max(float(target.sum()), 1.0)
+    d = Ve[sel_e].sum(axis=0) - target
+    f = float(_objective(d, w, w_all))
+    for _ in range(max_iter):
+        sign = np.where(sel_e, -1.0, 1.0)
+        cand = _objective(d[None, :] + sign[:, None] * Ve, w, w_all)
+        best = int(np.argmin(cand))
+        if cand[best] >= f - 1e-12:
+            break
+        sel_e[best] = ~sel_e[best]
+        d = d + sign[best] * Ve[best]
+        f = float(cand[best])
+    sel[idx[sel_e]] = True
+    return sel
+
+
+def _side_report(table: CropTable, side: np.ndarray, names=("train", "val", "test")) -> dict:
+    """Achieved shares: overall and per class, for each non-empty side."""
+    labels = table.label_codes
+    n_c = np.bincount(labels, minlength=table.n_classes)
+    rep: dict = {}
+    for code, name in enumerate(names):
+        m = side == code
+        if not m.any() and name == "val":
+            continue
+        per = np.bincount(labels[m], minlength=table.n_classes) / np.maximum(n_c, 1)
+        rep[f"{name}_share"] = round(float(m.mean()), 6)
+        rep[f"{name}_share_per_class"] = {c: round(float(s), 6) for c, s in zip(table.classes, per)}
+        rep[f"n_{name}"] = int(m.sum())
+    return rep
+
+
+def _manifest(table: CropTable, side: np.ndarray, protocol: str, params: dict, report: dict) -> SplitManifest:
+    names = np.array(["train", "val", "test"], dtype=object)
+    df = pd.DataFrame({"id": table.ids, "split": names[side]})
+    return SplitManifest(df, protocol=protocol, params=params, report=report)
+
+
+# ---------------------------------------------------------------------------- P1
+@register_protocol("crop")
+def crop_split(table: CropTable, test_fraction: float = 0.2, val_fraction: float = 0.0, seed: int = 0) -> SplitManifest:
+    """P1: stratified crop-level split; siblings land on both sides.
+
+    Within each class, round(q n_c) crops go to test (and round(v n_c) to validation).
+    """
+    q, v = _check_fractions(test_fraction, val_fraction)
+    keys = _rng(seed, _CROP_KEYS).random(table.n_crops)
+    side = _stratified_crop_sides(table.label_codes, keys, np.arange(table.n_crops), q, v)
+    params = {"test_fraction": q, "val_fraction": v, "seed": int(seed), "unit": "crop", "stratified_by": "label"}
+    return _manifest(table, side, "crop", params, _side_report(table, side))
+
+
+# ---------------------------------------------------------------------------- P2
+def _unit_sides(table: CropTable, q: float, v: float, seed: int, unit: str, units_mask=None):
+    """Parent-level (or group-level) side for every crop, and the unit codes used."""
+    codes = table.unit_codes(unit)
+    V = table.class_counts_per_unit(unit)
+    if units_mask is not None:
+        V = V * units_mask[:, None]
+    totals = V.sum(axis=0).astype(np.float64)
+    rng = _rng(seed, _UNIT_SELECT)
+    test_u = _select_units(V, q * totals, rng, eligible=V.sum(axis=1) > 0)
+    val_u = np.zeros_like(test_u)
+    if v > 0:
+        val_u = _select_units(V, v * totals, rng, eligible=(V.sum(axis=1) > 0) & ~test_u)
+    side_u = np.where(test_u, 2, np.where(val_u, 1, 0)).astype(np.int8)
+    return side_u[codes], codes
+
+
+@register_protocol("parent")
+def parent_split(
+    table: CropTable,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    seed: int = 0,
+    unit: str = "parent",
+) -> SplitManifest:
+    """P2: parent-disjoint, class-stratified split with the test share as close to q as the
+    parent sizes allow (the achieved share is reported, overall and per class).
+
+    Args:
+        table: the crops.
+        test_fraction: q, the desired share of crops in test (and in every class).
+        val_fraction: optional validation share, also parent-disjoint.
+        seed: random seed.
+        unit: 'parent', or 'group' to keep whole patients on one side.
+    """
+    q, v = _check_fractions(test_fraction, val_fraction)
+    if unit in ("patient",):
+        unit = "group"
+    side, codes = _unit_sides(table, q, v, seed, unit)
+    rep = _side_report(table, side)
+    n_units = int(codes.max()) + 1
+    if rep["n_test"] == 0 or rep["n_train"] == 0:
+        raise SplitError(
+            f"a {unit}-disjoint split with test fraction {q} left one side empty; "
+            f"the table has {n_units} {unit}s of sizes up to {int(np.bincount(codes).max())} crops"
+        )
+    rep["max_class_deviation"] = round(max(abs(s - q) for s in rep["test_share_per_class"].values()), 6)
+    params = {"test_fraction": q, "val_fraction": v, "seed": int(seed), "unit": unit, "stratified_by": "label"}
+    return _manifest(table, side, "parent", params, rep)
+
+
+# ---------------------------------------------------------------------------- P3
+@register_protocol("parent-dedup")
+def dedup_split(
+    table: CropTable,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    seed: int = 0,
+    hashes: np.ndarray | Sequence[str] | None = None,
+    max_distance: int = 4,
+    unit: str = "parent",
+) -> SplitManifest:
+    """P3: merge parents linked by near-duplicate crops, then split parent-disjointly.
+
+    Args:
+        hashes: (N,) 64-bit perceptual hashes aligned with the table rows (uint64 or 16-digit
+            hex strings). Without them the table's phash column is used, else the crop images
+            in its image column are hashed.
+        max_distance: Hamming threshold (bits) under which two crops are near-duplicates.
+        Other arguments as in `parent_split`.
+    """
+    from . import dedup
+
+    if hashes is None and "phash" in table.frame.columns:
+        hashes = table.frame["phash"].to_numpy(dtype=object)
+    if hashes is None:
+        if not table.has_images:
+            raise SplitError("parent-dedup needs perceptual hashes: give an image column (--image COL) or a hash column (--hash-column COL)")
+        h = dedup.perceptual_hashes(table.frame["image"].tolist())
+    else:
+        h = np.asarray(hashes)
+        if h.dtype.kind in "OUS":
+            h = dedup.hashes_from_hex(list(h))
+        h = h.astype(np.uint64)
+    res = dedup.link_parents(table.parent_codes, h, max_distance=max_distance)
+    merged_names = table.parents[res.merged_codes]
+    # A merged parent is named after its first member, so manifests stay readable.
+    merged = table.with_parents(merged_names, source_note=" (near-duplicate parents merged)")
+    if unit in ("group", "patient") and table.has_group:
+        merged_frame = merged.frame
+        # Merging parents can join patients; the group unit then follows the merged parents.
+        grp = merged_frame.groupby("parent")["group"].transform("first")
+        merged = CropTable(merged_frame.assign(group=grp), source=merged.source)
+    q, v = _check_fractions(test_fraction, val_fraction)
+    unit = "group" if unit in ("group", "patient") else "parent"
+    side, codes = _unit_sides(merged, q, v, seed, unit)
+    rep = _side_report(merged, side)
+    rep["max_class_deviation"] = round(max(abs(s - q) for s in rep["test_share_per_class"].values()), 6)
+    rep.update(
+        {
+            "dedup_pairs": int(res.n_pairs),
+            "parents_before_merge": int(res.n_parents_before),
+            "parents_after_merge": int(res.n_parents_after),
+        }
+    )
+    params = {
+        "test_fraction": q,
+        "val_fraction": v,
+        "seed": int(seed),
+        "unit": unit,
+        "stratified_by": "label",
+        "dedup": {"method": "phash-64 multi-index hashing + connected components", "max_distance": int(max_distance)},
+    }
+    return _manifest(table, side, "parent-dedup", params, rep)
+
+
+# ---------------------------------------------------------------------------- ladder
+@register_protocol("ladder")
+def ladder_split(
+    table: CropTable,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    levels: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+) -> SplitManifest:
+    """The relatedness ladder (HSD-Bench, reference 001): from intact parents to crop-level.
+
+    At level f a random share f of the parents may cross the split: their crops are assigned
+    one by one (stratified by class), while the other parents stay whole (parent-disjoint
+    selection). The crossing parents are nested across levels. Level 0 equals `parent_split`
+    and level 1 equals `crop_split` with the same seed.
+
+    Returns:
+        A manifest with one cell per level (``level_0.25``) and a ``level`` column.
+    """
+    q = _check_q(test_fraction)
+    levels = [float(f) for f in levels]
+    if not levels or any(not 0.0 <= f <= 1.0 for f in levels):
+        raise SplitError(f"ladder levels must lie in [0, 1], got {levels}")
+    if len(set(levels)) != len(levels):
+        raise SplitError(f"ladder levels must be distinct, got {levels}")
+    P = table.n_parents
+    order = _rng(seed, _LADDER_ORDER).permutation(P)
+    rank = np.empty(P, dtype=np.int64)
+    rank[order] = np.arange(P)
+    keys = _rng(seed, _CROP_KEYS).random(table.n_crops)
+    names = np.array(["train", "val", "test"], dtype=object)
+    frames, rep = [], {"levels": {}}
+    from .audit import sibling_exposure
+
+    for f in sorted(levels):
+        crossing_p = rank < int(round(f * P))
+        crossing = crossing_p[table.parent_codes]
+        side = np.zeros(table.n_crops, dtype=np.int8)
+        idx = np.flatnonzero(crossing)
+        side[idx] = _stratified_crop_sides(table.label_codes, keys, idx, q, 0.0)
+        if (~crossing).any():
+            side_intact, _ = _unit_sides(table, q, 0.0, seed, "parent", units_mask=~crossing_p)
+            side[~crossing] = side_intact[~crossing]
+        name = f"level_{f:.2f}"
+        frames.append(pd.DataFrame({"id": table.ids, "split": names[side], "cell": name, "level": f}))
+        r = _side_report(table, side)
+        r["crossing_parents"] = int(crossing_p.sum())
+        r["test_with_train_sibling"] = round(sibling_exposure(table.parent_codes, side == 2, side == 0), 6)
+        rep["levels"][name] = r
+    params = {"test_fraction": q, "seed": int(seed), "levels": sorted(levels), "stratified_by": "label"}
+    return SplitManifest(pd.concat(frames, ignore_index=True), protocol="ladder", params=params, report=rep)
+
+
+# ---------------------------------------------------------------------------- factorial
+FACTORIAL_CELLS = ("leak-high", "clean-high", "leak-low", "clean-low")
+
+
+def _allocate_cell(
+    parents: np.ndarray,
+    avail: np.ndarray,
+    must: np.ndarray,
+    labels: np.ndarray,
+    crop_parent: np.ndarray,
+    prio: np.ndarray,
+    targets: np.ndarray,
+    cell: str,
+    classes: Sequence[str],
+) -> np.ndarray:
+    """Pick exactly targets[c] crops of each class c from `parents`, at least one per parent.
+
+    Args:
+        parents: (F,) parent codes of the cell.
+        avail: (N,) bool, crops that may train (test crops excluded).
+        must: (N,) bool, crops to include first (a leak cell's siblings of test parents).
+        labels, crop_parent: (N,) class and parent codes.
+        prio: (N,) random priority; lower first, shared by cells so common parents give
+            the same crops where they can.
+        targets: (C,) crops per class.
+        cell, classes: names for messages.
+
+    Returns:
+        (N,) bool training mask.
+    """
+    in_cell = np.isin(crop_parent, parents) & avail
+    chosen = np.zeros(len(labels), dtype=bool)
+    C = len(targets)
+    need = np.asarray(targets, dtype=np.int64).copy()
+    m_idx = np.flatnonzero(must & in_cell)
+    m_idx = m_idx[np.lexsort((prio[m_idx], labels[m_idx]))]
+    for c in range(C):
+        take = m_idx[labels[m_idx] == c][: need[c]]
+        chosen[take] = True
+        need[c] -= len(take)
+    covered = np.zeros(crop_parent.max() + 1, dtype=bool)
+    covered[crop_parent[chosen]] = True
+    cand = np.flatnonzero(in_cell & ~chosen)
+    cand = cand[np.argsort(prio[cand], kind="stable")]
+    by_parent: dict[int, list[int]] = {}
+    for i in cand:
+        by_parent.setdefault(int(crop_parent[i]), []).append(int(i))
+    for p in parents:
+        if covered[p]:
+            continue
+        options = [i for i in by_parent.get(int(p), []) if need[labels[i]] > 0]
+        if not options:
+            raise SplitError(
+                f"factorial cell {cell!r}: parent {int(p)} cannot contribute a crop without exceeding the "
+                f"class targets {dict(zip(classes, np.asarray(targets).tolist()))}; with mixed-class parents use "
+                "--allocation proportional, or choose a larger --n-per-class"
+            )
+        # The class with the largest remaining need keeps the allocation feasible longest.
+        i = max(options, key=lambda j: (need[labels[j]], -prio[j]))
+        chosen[i] = True
+        need[labels[i]] -= 1
+        covered[p] = True
+    rest = np.flatnonzero(in_cell & ~chosen)
+    rest = rest[np.lexsort((prio[rest], labels[rest]))]
+    for c in range(C):
+        if need[c] == 0:
+            continue
+        take = rest[labels[rest] == c][: need[c]]
+        if len(take) < need[c]:
+            raise SplitError(
+                f"factorial cell {cell!r} has only {int(targets[c] - need[c] + len(take))} crops of class "
+                f"{classes[c]!r} for a target of {int(targets[c])}; choose a smaller --n-per-class"
+            )
+        chosen[take] = True
+        need[c] = 0
+    return chosen
+
+
+@register_protocol("factorial")
+def factorial_split(
+    table: CropTable,
+    seed: int = 0,
+    test_parent_share: float = 0.3,
+    diversity_contrast: float = 1.43,
+    n_per_class: int | None = None,
+    allocation: str = "balanced",
+    test_fraction: float | None = None,
+) -> SplitManifest:
+    """The leak/clean x diversity factorial of the main paper (H3).
+
+    One common test set per seed: half the crops (k // 2) of a random `test_parent_share` of
+    the multi-crop parents (drawn within each dominant class). Four training sets with the same
+    crops per class (`allocation`):
+
+    - ``clean-high``: the first F_c other parents of each dominant class c, in one permutation;
+    - ``leak-high``: the same permutation with its last L_c parents swapped for the L_c test
+      parents of class c, whose remaining siblings train;
+    - ``clean-low`` / ``leak-low``: likewise with F_c / `diversity_contrast` parents.
+
+    Within a level, leak and clean cells have equal crop count, parent count and crops per
+    class; the function checks this (and that clean cells hold no test parent, leak cells a
+    sibling of every test parent) and reports the counts.
+
+    Args:
+        test_parent_share: share of multi-crop parents that give half their crops to test.
+        diversity_contrast: ratio of training parents between the high and low levels.
+        n_per_class: with 'balanced' allocation, training crops of every class in every cell
+            (default: the most all cells allow); with 'proportional', the training crops of the
+            largest class (the others in proportion to the table's class counts).
+        allocation: 'balanced' (the paper's equal crops per class, natural for single-class
+            parents) or 'proportional' (class shares of the table; needed when parents mix
+            classes, as in CRIC, and a rare class cannot cover every parent).
+        test_fraction: accepted for CLI symmetry; the test size follows from test_parent_share.
+    """
+    if not 0.0 < test_parent_share < 1.0:
+        raise SplitError(f"test_parent_share must lie in (0, 1), got {test_parent_share}")
+    if diversity_contrast < 1.0:
+        raise SplitError(f"diversity_contrast must be >= 1, got {diversity_contrast}")
+    rng = _rng(seed, _FACTORIAL)
+    N, C, P = table.n_crops, table.n_classes, table.n_parents
+    crop_parent, labels = table.parent_codes, table.label_codes
+    k = table.parent_sizes
+    V = table.class_counts_per_unit("parent")
+
+    dom = np.argmax(V + rng.random(V.shape) * 1e-3, axis=1)
+    multi = np.flatnonzero(k >= 2)
+    if len(multi) < 1:
+        raise SplitError("the factorial needs multi-crop parents for its test set; every parent of this table has one crop")
+    # Test parents are drawn within each dominant class, so that every class keeps enough
+    # other parents to swap them for.
+    picks = []
+    for c in range(C):
+        m_c = multi[dom[multi] == c]
+        n_c = int(round(test_parent_share * len(m_c)))
+        if n_c:
+            picks.append(rng.choice(m_c, size=n_c, replace=False))
+    test_parents = np.sort(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
+    n_test_parents = len(test_parents)
+    if n_test_parents < 1:
+        raise SplitError(f"test_parent_share {test_parent_share} selects no test parent among {len(multi)} multi-crop parents")
+    is_test_parent = np.zeros(P, dtype=bool)
+    is_test_parent[test_parents] = True
+
+    # Half of each test parent's crops (in random order) form the common test set.
+    prio = rng.permutation(N)
+    order = np.lexsort((prio, crop_parent))
+    starts = np.r_[0, np.cumsum(k)[:-1]]
+    rank_in_parent = np.empty(N, dtype=np.int64)
+    rank_in_parent[order] = np.arange(N) - np.repeat(starts, k)
+    test = is_test_parent[crop_parent] & (rank_in_parent < (k // 2)[crop_parent])
+    sibling = is_test_parent[crop_parent] & ~test
+
+    others = np.flatnonzero(~is_test_parent)
+    others = others[rng.permutation(len(others))]
+    cells: dict[str, np.ndarray] = {}
+    level_parents: dict[str, dict[str, int]] = {}
+    for level, divisor in (("high", 1.0), ("low", float(diversity_contrast))):
+        clean_p, leak_p = [], []
+        for c in range(C):
+            o_c = others[dom[others] == c]
+            t_c = test_parents[dom[test_parents] == c]
+            # A class with few parents keeps at least its test parents' worth of slots, so
+            # the low level may be a little less contrasted; the achieved contrast is reported.
+            f_c = max(int(round(len(o_c) / divisor)), len(t_c))
+            if f_c > len(o_c):
+                raise SplitError(
+                    f"factorial class {table.classes[c]!r}: {len(o_c)} other parents cannot be swapped for "
+                    f"{len(t_c)} test parents; lower --test-parent-share"
+                )
+            clean_p.append(o_c[:f_c])
+            leak_p.append(np.r_[o_c[: f_c - len(t_c)], t_c])
+        cells[f"clean-{level}"] = np.concatenate(clean_p)
+        cells[f"leak-{level}"] = np.concatenate(leak_p)
+        level_parents[level] = {"clean": len(cells[f"clean-{level}"]), "leak": len(cells[f"leak-{level}"])}
+
+    avail = ~test
+    if allocation not in ("balanced", "proportional"):
+        raise SplitError(f"allocation must be 'balanced' or 'proportional', got {allocation!r}")
+    class_n = np.bincount(labels, minlength=C).astype(np.float64)
+    weight = np.ones(C) if allocation == "balanced" else class_n / class_n.max()
+    if n_per_class is None:
+        # The largest scale that every cell can supply in every class.
+        scale = np.inf
+        for ps in cells.values():
+            m = np.isin(crop_parent, ps) & avail
+            have = np.bincount(labels[m], minlength=C)
+            scale = min(scale, float(np.min(have / weight)))
+        n_per_class = int(np.floor(scale + 1e-9))
+    n_per_class = int(n_per_class)
+    if n_per_class < 1:
+        raise SplitError(f"n_per_class must be >= 1, got {n_per_class}")
+    targets = np.floor(weight * n_per_class + 1e-9).astype(np.int64)
+    biggest = max(len(ps) for ps in cells.values())
+    if targets.sum() < biggest:
+        raise SplitError(
+            f"the factorial cells need one crop per parent ({biggest} parents) but hold {int(targets.sum())} crops; "
+            "raise --n-per-class or lower --test-parent-share"
+        )
+
+    masks = {}
+    for name in FACTORIAL_CELLS:
+        must = sibling if name.startswith("leak") else np.zeros(N, dtype=bool)
+        masks[name] = _allocate_cell(cells[name], avail, must, labels, crop_parent, prio, targets, name, table.classes)
+
+    report = _check_factorial(table, masks, test, is_test_parent, targets)
+    report.update(
+        {
+            "n_test": int(test.sum()),
+            "n_test_parents": int(n_test_parents),
+            "n_per_class": n_per_class,
+            "train_crops_per_class": {c: int(t) for c, t in zip(table.classes, targets)},
+        }
+    )
+    frames = []
+    ids = table.ids
+    for name in FACTORIAL_CELLS:
+        frames.append(pd.DataFrame({"id": ids[masks[name]], "split": "train", "cell": name}))
+        frames.append(pd.DataFrame({"id": ids[test], "split": "test", "cell": name}))
+    params = {
+        "seed": int(seed),
+        "test_parent_share": float(test_parent_share),
+        "diversity_contrast": float(diversity_contrast),
+        "n_per_class": n_per_class,
+        "allocation": allocation,
+        "unit": "crop (factorial)",
+    }
+    return SplitManifest(pd.concat(frames, ignore_index=True), protocol="factorial", params=params, report=report)
+
+
+def _check_factorial(table, masks, test, is_test_parent, targets) -> dict:
+    """Verify the design's matching constraints; raise if any fails; return the counts."""
+    from .audit import sibling_exposure
+
+    crop_parent, labels, C = table.parent_codes, table.label_codes, table.n_classes
+    rep: dict = {"cells": {}}
+    for name, m in masks.items():
+        if (m & test).any():
+            raise SplitError(f"internal check failed: factorial cell {name!r} trains on test crops")
+        per_class = np.bincount(labels[m], minlength=C)
+        if not (per_class == targets).all():
+            raise SplitError(f"internal check failed: cell {name!r} has crops per class {per_class.tolist()}, expected {targets.tolist()}")
+        parents = np.unique(crop_parent[m])
+        n_test_par_in_train = int(is_test_parent[parents].sum())
+        rep["cells"][name] = {
+            "n_crops": int(m.sum()),
+            "n_parents": int(len(parents)),
+            "crops_per_class": {c: int(x) for c, x in zip(table.classes, per_class)},
+            "test_parents_in_training": n_test_par_in_train,
+            "test_with_train_sibling": round(sibling_exposure(crop_parent, test, m), 6),
+        }
+    for level in ("high", "low"):
+        a, b = rep["cells"][f"leak-{level}"], rep["cells"][f"clean-{level}"]
+        for key in ("n_crops", "n_parents", "crops_per_class"):
+            if a[key] != b[key]:
+                raise SplitError(f"internal check failed: leak-{level} and clean-{level} differ in {key}: {a[key]} vs {b[key]}")
+        if b["test_parents_in_training"] != 0:
+            raise SplitError(f"internal check failed: clean-{level} trains on test parents")
+        if a["test_parents_in_training"] != int(is_test_parent.sum()):
+            raise SplitError(f"internal check failed: leak-{level} lacks siblings of some test parents")
+    hi, lo = rep["cells"]["clean-high"]["n_parents"], rep["cells"]["clean-low"]["n_parents"]
+    rep["achieved_diversity_contrast"] = round(hi / lo, 4) if lo else None
+    rep["matched"] = True
+    return rep

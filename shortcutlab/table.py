@@ -1,0 +1,443 @@
+"""The crop table: one row per crop, with its label and its acquisition parent.
+
+A `CropTable` is the input to everything else in shortcutlab. It holds canonical columns
+
+========  ==========================================================================
+id        crop identifier (string, unique)
+label     class (string)
+parent    acquisition parent: microscope field, slide image, ... (string)
+group     optional higher unit, e.g. patient (string); every parent lies in one group
+image     optional path of the crop image
+mask      optional path of the crop's cell mask
+phash     optional 64-bit perceptual hash of the crop image, 16 hex digits (for P3)
+x, y      optional box top-left corner in parent pixel coordinates (float)
+w, h      optional box width and height in pixels (float, > 0)
+========  ==========================================================================
+
+Rows are kept sorted by id so that every computation (and every seeded split) is independent
+of the row order of the file the table came from.
+
+Example:
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"cell": [1, 2, 3], "cls": ["a", "a", "b"], "img": [7, 7, 8]})
+    >>> t = CropTable.from_frame(df, id="cell", label="cls", parent="img")
+    >>> t.n_crops, t.n_parents, t.classes
+    (3, 2, ('a', 'b'))
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .errors import TableError, first_rows
+
+ColumnSpec = str | Sequence[str] | None
+
+_STRING_COLUMNS = ("id", "label", "parent", "group", "image", "mask", "phash")
+_GEOMETRY = ("x", "y", "w", "h")
+
+
+def _as_columns(spec: ColumnSpec, n: int | None, what: str) -> list[str] | None:
+    """Turn 'A,B' or ['A', 'B'] into a list of column names, checking the count."""
+    if spec is None:
+        return None
+    cols = [c.strip() for c in spec.split(",")] if isinstance(spec, str) else [str(c) for c in spec]
+    if any(not c for c in cols):
+        raise TableError(f"{what} has an empty column name: {spec!r}")
+    if n is not None and len(cols) != n:
+        raise TableError(f"{what} needs {n} column names, got {len(cols)}: {spec!r}")
+    return cols
+
+
+@dataclass(frozen=True, eq=False)
+class CropTable:
+    """A validated crop -> parent table.
+
+    Build one with `CropTable.from_csv` or `CropTable.from_frame`; the constructor takes an
+    already canonical frame (see the module docstring) and validates it again.
+
+    Attributes:
+        frame: the canonical DataFrame, sorted by id, with a default RangeIndex.
+        source: where the table came from (a path or 'DataFrame'), for messages and reports.
+    """
+
+    frame: pd.DataFrame
+    source: str = "DataFrame"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "frame", _validate(self.frame))
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_frame(
+        cls,
+        df: pd.DataFrame,
+        *,
+        id: ColumnSpec = None,
+        label: str = "label",
+        parent: str = "parent",
+        group: str | None = None,
+        image: str | None = None,
+        mask: str | None = None,
+        phash: str | None = None,
+        box: ColumnSpec = None,
+        center: ColumnSpec = None,
+        crop_size: float | str | None = None,
+        source: str = "DataFrame",
+    ) -> "CropTable":
+        """Map the columns of `df` onto a crop table.
+
+        Args:
+            df: one row per crop.
+            id: column holding the crop id, or several columns joined with '/' (for example
+                ``["image_id", "cell_id"]``). Without it the row number is the id, which then
+                depends on the row order of `df`.
+            label: class column.
+            parent: acquisition-parent column.
+            group: optional higher-level unit (patient) column.
+            image, mask: optional path columns.
+            phash: optional column of precomputed perceptual hashes (16 hex digits).
+            box: four columns ``x, y, w, h`` (top-left corner and size, parent pixels).
+            center: two columns ``cx, cy``; needs `crop_size`.
+            crop_size: side of a square crop in pixels (a number), or a column name.
+            source: description kept for messages.
+
+        Raises:
+            TableError: naming the column and the first offending rows.
+        """
+        if not isinstance(df, pd.DataFrame):
+            raise TableError(f"expected a pandas DataFrame, got {type(df).__name__}")
+        if box is not None and center is not None:
+            raise TableError("give the geometry either as a box (x,y,w,h) or as a center plus crop size, not both")
+        if center is not None and crop_size is None:
+            raise TableError("a center (cx,cy) needs a crop size (--crop-size S)")
+        if crop_size is not None and center is None:
+            raise TableError("a crop size needs a center (--center CX,CY)")
+
+        id_cols = _as_columns(id, None, "id")
+        box_cols = _as_columns(box, 4, "box (x,y,w,h)")
+        center_cols = _as_columns(center, 2, "center (cx,cy)")
+        size_col = crop_size if isinstance(crop_size, str) else None
+        if isinstance(size_col, str):
+            try:
+                crop_size = float(size_col)
+                size_col = None
+            except ValueError:
+                pass
+
+        wanted = {"label": [label], "parent": [parent]}
+        if id_cols:
+            wanted["id"] = id_cols
+        for name, col in (("group", group), ("image", image), ("mask", mask), ("phash", phash)):
+            if col is not None:
+                wanted[name] = [col]
+        if box_cols:
+            wanted["box"] = box_cols
+        if center_cols:
+            wanted["center"] = center_cols
+        if size_col:
+            wanted["crop size"] = [size_col]
+        columns = [str(c) for c in df.columns]
+        for role, cols in wanted.items():
+            for c in cols:
+                if c not in df.columns:
+                    raise TableError(
+                        f"{role} column {c!r} is missing from {source}; columns are: {', '.join(columns)}"
+                    )
+
+        n = len(df)
+        out: dict[str, object] = {}
+        if id_cols:
+            parts = [_as_string(df[c], f"id column {c!r}") for c in id_cols]
+            ids = parts[0]
+            for p in parts[1:]:
+                ids = ids.str.cat(p, sep="/")
+            out["id"] = ids
+        else:
+            out["id"] = pd.Series(np.arange(n).astype(str), index=df.index)
+        out["label"] = _as_string(df[label], f"label column {label!r}")
+        out["parent"] = _as_string(df[parent], f"parent column {parent!r}")
+        if group is not None:
+            out["group"] = _as_string(df[group], f"group column {group!r}")
+        if image is not None:
+            out["image"] = _as_string(df[image], f"image column {image!r}")
+        if mask is not None:
+            out["mask"] = _as_string(df[mask], f"mask column {mask!r}")
+        if phash is not None:
+            out["phash"] = _as_string(df[phash], f"phash column {phash!r}")
+
+        if box_cols:
+            for key, c in zip(_GEOMETRY, box_cols):
+                out[key] = _as_number(df[c], f"box column {c!r}")
+        elif center_cols:
+            cx = _as_number(df[center_cols[0]], f"center column {center_cols[0]!r}")
+            cy = _as_number(df[center_cols[1]], f"center column {center_cols[1]!r}")
+            if size_col:
+                size = _as_number(df[size_col], f"crop size column {size_col!r}")
+            else:
+                size = float(crop_size)  # type: ignore[arg-type]
+                if not np.isfinite(size) or size <= 0:
+                    raise TableError(f"crop size must be a positive number of pixels, got {crop_size!r}")
+            out["x"] = cx - np.asarray(size) / 2.0
+            out["y"] = cy - np.asarray(size) / 2.0
+            out["w"] = np.broadcast_to(np.asarray(size, dtype=float), (n,)).copy() if np.ndim(size) == 0 else size
+            out["h"] = out["w"].copy() if isinstance(out["w"], np.ndarray) else out["w"]
+
+        frame = pd.DataFrame({k: np.asarray(v) if not isinstance(v, pd.Series) else v.to_numpy() for k, v in out.items()})
+        return cls(frame, source=source)
+
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike, **columns) -> "CropTable":
+        """Read a CSV file and map its columns (same keywords as `from_frame`).
+
+        Only empty cells count as missing: a label spelled 'NA' stays a label.
+        """
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise TableError(f"table file {path!r} does not exist")
+        string_roles = [columns.get(k, k if k in ("label", "parent") else None) for k in ("label", "parent", "group", "image", "mask", "phash")]
+        string_roles += _as_columns(columns.get("id"), None, "id") or []
+        dtype = {c: str for c in string_roles if isinstance(c, str)}
+        try:
+            # Only the string roles are read as text; geometry is parsed by the C reader.
+            df = pd.read_csv(path, dtype=dtype, keep_default_na=False, na_values=[""])
+        except pd.errors.EmptyDataError:
+            raise TableError(f"table file {path!r} is empty") from None
+        return cls.from_frame(df, source=path, **columns)
+
+    # ------------------------------------------------------------------ views
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def __repr__(self) -> str:
+        geo = ", geometry" if self.has_geometry else ""
+        grp = f", {self.n_groups} groups" if self.has_group else ""
+        return (
+            f"CropTable({self.n_crops} crops, {self.n_parents} parents{grp}, "
+            f"{self.n_classes} classes{geo}; from {self.source})"
+        )
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Crop ids, sorted (object array of str)."""
+        return self.frame["id"].to_numpy(dtype=object)
+
+    @property
+    def has_geometry(self) -> bool:
+        return "x" in self.frame.columns
+
+    @property
+    def has_group(self) -> bool:
+        return "group" in self.frame.columns
+
+    @property
+    def has_images(self) -> bool:
+        return "image" in self.frame.columns
+
+    @cached_property
+    def _parent_factor(self) -> tuple[np.ndarray, np.ndarray]:
+        codes, uniques = pd.factorize(self.frame["parent"], sort=True)
+        return codes.astype(np.int64), np.asarray(uniques, dtype=object)
+
+    @cached_property
+    def _label_factor(self) -> tuple[np.ndarray, np.ndarray]:
+        codes, uniques = pd.factorize(self.frame["label"], sort=True)
+        return codes.astype(np.int64), np.asarray(uniques, dtype=object)
+
+    @cached_property
+    def _group_factor(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.has_group:
+            raise TableError("this table has no group (patient) column; pass --group COL")
+        codes, uniques = pd.factorize(self.frame["group"], sort=True)
+        return codes.astype(np.int64), np.asarray(uniques, dtype=object)
+
+    @property
+    def parent_codes(self) -> np.ndarray:
+        """(N,) int64 index of each crop's parent into `parents`."""
+        return self._parent_factor[0]
+
+    @property
+    def parents(self) -> np.ndarray:
+        """(P,) sorted parent names."""
+        return self._parent_factor[1]
+
+    @property
+    def label_codes(self) -> np.ndarray:
+        """(N,) int64 index of each crop's label into `classes`."""
+        return self._label_factor[0]
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return tuple(str(c) for c in self._label_factor[1])
+
+    @property
+    def group_codes(self) -> np.ndarray:
+        """(N,) int64 index of each crop's group (patient)."""
+        return self._group_factor[0]
+
+    @cached_property
+    def parent_sizes(self) -> np.ndarray:
+        """(P,) number of crops k_p of every parent."""
+        return np.bincount(self.parent_codes, minlength=len(self.parents))
+
+    @property
+    def n_crops(self) -> int:
+        return len(self.frame)
+
+    @property
+    def n_parents(self) -> int:
+        return len(self.parents)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def n_groups(self) -> int | None:
+        return len(self._group_factor[1]) if self.has_group else None
+
+    @property
+    def boxes(self) -> np.ndarray:
+        """(N, 4) float64 boxes x, y, w, h in parent pixels."""
+        if not self.has_geometry:
+            raise TableError("this table has no crop geometry; pass --box X,Y,W,H or --center CX,CY --crop-size S")
+        return self.frame[list(_GEOMETRY)].to_numpy(dtype=np.float64)
+
+    @cached_property
+    def overlap_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Index pairs (i, j) of sibling crops whose boxes intersect (see `overlap`), cached."""
+        from .overlap import overlapping_pairs
+
+        return overlapping_pairs(self.parent_codes, self.boxes)
+
+    def unit_codes(self, unit: str = "parent") -> np.ndarray:
+        """(N,) codes of the split unit: 'parent' or 'group' (patient)."""
+        if unit == "parent":
+            return self.parent_codes
+        if unit in ("group", "patient"):
+            return self.group_codes
+        raise TableError(f"split unit must be 'parent' or 'group', got {unit!r}")
+
+    def class_counts_per_unit(self, unit: str = "parent") -> np.ndarray:
+        """(U, C) int64 matrix: crops of each class in each unit."""
+        codes = self.unit_codes(unit)
+        u = int(codes.max()) + 1 if len(codes) else 0
+        flat = codes * self.n_classes + self.label_codes
+        return np.bincount(flat, minlength=u * self.n_classes).reshape(u, self.n_classes)
+
+    def with_parents(self, parent: np.ndarray | pd.Series, source_note: str = "") -> "CropTable":
+        """A copy whose parent column is replaced (for example merged near-duplicate parents)."""
+        frame = self.frame.copy()
+        frame["parent"] = np.asarray(parent, dtype=object).astype(str)
+        return CropTable(frame, source=self.source + source_note)
+
+    def to_frame(self) -> pd.DataFrame:
+        """A copy of the canonical frame."""
+        return self.frame.copy()
+
+
+# ---------------------------------------------------------------------- helpers
+def _as_string(col: pd.Series, what: str) -> pd.Series:
+    """Strings, with missing values kept as None (validated later).
+
+    Integer-valued floats (an int column that pandas widened because of a missing cell) are
+    written without the '.0', so ids and parents read the same from CSV and from a frame.
+    """
+    missing = col.isna().to_numpy()
+    if pd.api.types.is_float_dtype(col.dtype):
+        v = col.to_numpy(dtype=np.float64)
+        finite = np.isfinite(v)
+        if np.all(v[finite] == np.floor(v[finite])):
+            col = pd.Series(np.where(finite, v, 0).astype(np.int64), index=col.index)
+    arr = col.astype(str).to_numpy(dtype=object)
+    if missing.any():
+        arr[missing] = None
+    return pd.Series(arr, index=col.index, name=what)
+
+
+def _as_number(col: pd.Series, what: str) -> np.ndarray:
+    values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise TableError(
+            f"{what} must hold finite numbers; {first_rows(bad)} hold "
+            + ", ".join(repr(v) for v in col.to_numpy()[np.flatnonzero(bad)[:5]])
+        )
+    return values
+
+
+def _validate(frame: pd.DataFrame) -> pd.DataFrame:
+    """Check a canonical frame and return it sorted by id with a fresh index."""
+    if not isinstance(frame, pd.DataFrame):
+        raise TableError(f"expected a pandas DataFrame, got {type(frame).__name__}")
+    for col in ("id", "label", "parent"):
+        if col not in frame.columns:
+            raise TableError(f"column {col!r} is missing; columns are: {', '.join(map(str, frame.columns))}")
+    if len(frame) == 0:
+        raise TableError("the crop table has no rows")
+    unknown = [c for c in frame.columns if c not in _STRING_COLUMNS + _GEOMETRY]
+    if unknown:
+        raise TableError(f"unexpected canonical columns {unknown}; expected a subset of {_STRING_COLUMNS + _GEOMETRY}")
+    frame = frame.reset_index(drop=True)
+    ids = frame["id"].to_numpy(dtype=object)
+
+    for col in _STRING_COLUMNS:
+        if col not in frame.columns:
+            continue
+        values = frame[col].to_numpy(dtype=object)
+        empty = pd.isna(values) | (values == "")
+        if empty.any():
+            raise TableError(f"column {col!r} is empty or NaN in {first_rows(empty, ids if col != 'id' else None)}")
+
+    dup = frame["id"].duplicated(keep=False).to_numpy()
+    if dup.any():
+        first = frame["id"][dup].iloc[0]
+        raise TableError(
+            f"crop ids must be unique; id {first!r} and others repeat in {first_rows(dup, ids)}"
+        )
+
+    geo = [c for c in _GEOMETRY if c in frame.columns]
+    if geo:
+        if len(geo) != 4:
+            raise TableError(f"geometry needs all of x, y, w, h; got {geo}")
+        for c in _GEOMETRY:
+            v = frame[c].to_numpy(dtype=np.float64)
+            if not np.isfinite(v).all():
+                raise TableError(f"geometry column {c!r} is NaN or infinite in {first_rows(~np.isfinite(v), ids)}")
+        for c in ("w", "h"):
+            v = frame[c].to_numpy(dtype=np.float64)
+            if (v <= 0).any():
+                raise TableError(
+                    f"crop sizes must be positive; {c!r} is <= 0 in {first_rows(v <= 0, ids)}"
+                )
+
+    if "group" in frame.columns:
+        per_parent = frame.groupby("parent", sort=True)["group"].nunique()
+        bad = per_parent[per_parent > 1]
+        if len(bad):
+            p = bad.index[0]
+            groups = sorted(frame.loc[frame["parent"] == p, "group"].unique())[:5]
+            rows = np.flatnonzero((frame["parent"] == p).to_numpy())
+            raise TableError(
+                f"parent {p!r} has crops in {len(groups)} different groups (patients) {groups}; "
+                f"a parent must belong to one group ({first_rows(rows, ids)}); "
+                f"{len(bad)} parent(s) disagree in all"
+            )
+
+    for col in _STRING_COLUMNS:
+        if col in frame.columns:
+            arr = frame[col].to_numpy(dtype=object)
+            if pd.api.types.infer_dtype(arr, skipna=False) != "string":
+                arr = arr.astype(str).astype(object)
+            frame[col] = arr
+    order = np.argsort(frame["id"].to_numpy(dtype=object), kind="stable")
+    frame = frame.iloc[order].reset_index(drop=True)
+    for c in geo:
+        frame[c] = frame[c].astype(np.float64)
+    return frame

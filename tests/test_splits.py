@@ -1,0 +1,190 @@
+"""Properties of every split protocol."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shortcutlab import (
+    SplitError,
+    crop_split,
+    factorial_split,
+    ladder_split,
+    make_split,
+    parent_split,
+)
+from shortcutlab.audit import side_codes
+from shortcutlab.random_tables import random_table
+from conftest import shuffled, table_from
+
+tables = st.builds(
+    random_table,
+    n_parents=st.integers(12, 80),
+    mean_crops=st.floats(1.0, 8.0),
+    n_classes=st.integers(1, 4),
+    mixed=st.booleans(),
+    geometry=st.just(False),
+    seed=st.integers(0, 10_000),
+)
+
+
+def sides(t, m, cell=None):
+    return side_codes(t, m.cell(cell))
+
+
+@given(df=tables, q=st.sampled_from([0.1, 0.2, 0.3]), seed=st.integers(0, 50))
+def test_parent_split_is_parent_disjoint_and_close_to_q(df, q, seed):
+    t = table_from(df)
+    m = parent_split(t, q, seed=seed)
+    s = sides(t, m)
+    assert (s >= 0).all()
+    per_parent = pd.Series(s).groupby(t.parent_codes).nunique()
+    assert (per_parent == 1).all()
+    # The local search never ends further from q than one parent's worth of crops.
+    assert abs(m.report["test_share"] - q) <= t.parent_sizes.max() / t.n_crops + 1e-9
+    assert m.report["n_test"] > 0 and m.report["n_train"] > 0
+
+
+@given(df=tables, q=st.sampled_from([0.1, 0.25]), seed=st.integers(0, 50))
+def test_crop_split_is_stratified_exactly(df, q, seed):
+    t = table_from(df)
+    s = sides(t, crop_split(t, q, seed=seed))
+    n_c = np.bincount(t.label_codes)
+    test_c = np.bincount(t.label_codes[s == 2], minlength=len(n_c))
+    np.testing.assert_array_equal(test_c, np.rint(q * n_c))
+
+
+@pytest.mark.parametrize("protocol", ["crop", "parent", "ladder", "factorial"])
+def test_deterministic_and_row_order_invariant(protocol):
+    df = random_table(150, 6, 3, geometry=False, seed=2)
+    a = make_split(table_from(df), protocol, seed=4)
+    b = make_split(table_from(shuffled(df, 1)), protocol, seed=4)
+    c = make_split(table_from(df), protocol, seed=5)
+    assert a.hash == b.hash
+    assert a.hash != c.hash
+
+
+def test_parent_split_beats_stratified_group_kfold(cric):
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    q = 0.2
+    ours, theirs = [], []
+    for seed in range(5):
+        m = parent_split(cric, q, seed=seed)
+        ours.append(abs(m.report["test_share"] - q))
+        sgk = StratifiedGroupKFold(n_splits=5, shuffle=True, random_state=seed)
+        _, test = next(sgk.split(np.zeros(cric.n_crops), cric.label_codes, cric.parent_codes))
+        theirs.append(abs(len(test) / cric.n_crops - q))
+        # Per-class shares stay near q too (CRIC parents mix classes).
+        assert m.report["max_class_deviation"] < 0.02
+    assert max(ours) < 0.002
+    assert np.mean(ours) < np.mean(theirs)
+
+
+def test_group_unit_keeps_patients_whole():
+    df = random_table(120, 4, 3, parents_per_group=3, geometry=False, seed=9)
+    t = table_from(df, group="patient")
+    m = parent_split(t, 0.25, seed=1, unit="group")
+    s = sides(t, m)
+    assert (pd.Series(s).groupby(t.group_codes).nunique() == 1).all()
+    assert m.params["unit"] == "group"
+
+
+def test_validation_side_is_parent_disjoint_too():
+    df = random_table(200, 5, 3, geometry=False, seed=1)
+    t = table_from(df)
+    m = parent_split(t, 0.2, val_fraction=0.1, seed=0)
+    s = sides(t, m)
+    assert set(np.unique(s)) == {0, 1, 2}
+    assert (pd.Series(s).groupby(t.parent_codes).nunique() == 1).all()
+    assert m.report["val_share"] == pytest.approx(0.1, abs=0.01)
+    m2 = crop_split(t, 0.2, val_fraction=0.1, seed=0)
+    assert m2.report["val_share"] == pytest.approx(0.1, abs=0.01)
+
+
+@given(df=tables, seed=st.integers(0, 20))
+def test_ladder_ends_are_parent_and_crop_splits(df, seed):
+    t = table_from(df)
+    lad = ladder_split(t, 0.2, seed=seed)
+    s0, s1 = sides(t, lad, "level_0.00"), sides(t, lad, "level_1.00")
+    np.testing.assert_array_equal(s0, sides(t, parent_split(t, 0.2, seed=seed)))
+    np.testing.assert_array_equal(s1, sides(t, crop_split(t, 0.2, seed=seed)))
+    assert (pd.Series(s0).groupby(t.parent_codes).nunique() == 1).all()
+
+
+def test_ladder_exposure_rises_with_level(cric):
+    lad = ladder_split(cric, 0.2, seed=0)
+    levels = lad.report["levels"]
+    exposure = [levels[c]["test_with_train_sibling"] for c in sorted(levels)]
+    assert exposure[0] == 0.0 and exposure[-1] > 0.99
+    assert all(a < b for a, b in zip(exposure, exposure[1:]))
+    crossing = [levels[c]["crossing_parents"] for c in sorted(levels)]
+    assert crossing == [0, 100, 200, 300, 400]
+    for c in levels:
+        assert levels[c]["test_share"] == pytest.approx(0.2, abs=0.01)
+
+
+def _check_factorial_from_rows(t, m):
+    """Recompute the design's matching from the manifest rows alone."""
+    a = m.assignments
+    tests = {c: set(a[(a.cell == c) & (a.split == "test")].id) for c in m.cells}
+    common = tests["leak-high"]
+    assert all(v == common for v in tests.values())
+    idx = pd.Index(t.ids)
+    test_pos = idx.get_indexer(list(common))
+    test_parents = set(t.parent_codes[test_pos])
+    stats = {}
+    for c in m.cells:
+        pos = idx.get_indexer(a[(a.cell == c) & (a.split == "train")].id.tolist())
+        assert not set(pos) & set(test_pos)
+        parents = set(t.parent_codes[pos])
+        stats[c] = (len(pos), len(parents), tuple(np.bincount(t.label_codes[pos], minlength=t.n_classes)))
+        if c.startswith("clean"):
+            assert not parents & test_parents
+        else:
+            assert test_parents <= parents
+    for level in ("high", "low"):
+        assert stats[f"leak-{level}"] == stats[f"clean-{level}"]
+    assert stats["clean-high"][1] > stats["clean-low"][1]
+    return stats
+
+
+@given(seed=st.integers(0, 1000), n_classes=st.integers(1, 4))
+def test_factorial_cells_are_matched(seed, n_classes):
+    df = random_table(150, 6, n_classes, geometry=False, seed=seed)
+    t = table_from(df)
+    m = factorial_split(t, seed=seed)
+    stats = _check_factorial_from_rows(t, m)
+    n = m.report["n_per_class"]
+    assert all(s[2] == (n,) * n_classes for s in stats.values())
+
+
+def test_factorial_on_mixed_parents_needs_proportional_allocation(cric):
+    with pytest.raises(SplitError, match="use --allocation proportional"):
+        factorial_split(cric, seed=0)
+    m = factorial_split(cric, seed=0, allocation="proportional")
+    stats = _check_factorial_from_rows(cric, m)
+    assert m.report["achieved_diversity_contrast"] == pytest.approx(1.43, abs=0.05)
+    assert m.report["cells"]["leak-high"]["test_with_train_sibling"] == 1.0
+    assert m.report["cells"]["clean-low"]["test_with_train_sibling"] == 0.0
+    assert stats["leak-low"][0] == sum(m.report["train_crops_per_class"].values())
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda t: parent_split(t, 1.2), "strictly between 0 and 1"),
+        (lambda t: parent_split(t, 0.2, val_fraction=0.9), "test \\+ val < 1"),
+        (lambda t: crop_split(t, 0.2, seed=-1), "non-negative integer"),
+        (lambda t: ladder_split(t, 0.2, levels=[0, 1.5]), "ladder levels must lie in"),
+        (lambda t: factorial_split(t, test_parent_share=0), "test_parent_share"),
+        (lambda t: factorial_split(t, n_per_class=10_000), "choose a smaller --n-per-class"),
+        (lambda t: make_split(t, "parnet"), "did you mean parent"),
+        (lambda t: parent_split(t, 0.2, unit="group"), "no group \\(patient\\) column"),
+    ],
+)
+def test_bad_parameters_are_refused(call, match):
+    t = table_from(random_table(60, 5, 2, geometry=False, seed=0))
+    with pytest.raises(Exception, match=match):
+        call(t)

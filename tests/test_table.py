@@ -1,0 +1,115 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from shortcutlab import CropTable, TableError
+from conftest import shuffled, table_from
+
+
+def test_columns_are_mapped_and_rows_sorted_by_id():
+    df = pd.DataFrame({"cell": [3, 1, 2], "cls": ["b", "a", "a"], "img": [9, 7, 7], "pt": ["x", "y", "y"]})
+    t = CropTable.from_frame(df, id="cell", label="cls", parent="img", group="pt")
+    assert list(t.ids) == ["1", "2", "3"]
+    assert list(t.frame["label"]) == ["a", "a", "b"]
+    assert t.n_parents == 2 and t.n_groups == 2 and t.classes == ("a", "b")
+    assert list(t.parent_sizes) == [2, 1]
+    np.testing.assert_array_equal(t.class_counts_per_unit("parent"), [[2, 0], [0, 1]])
+
+
+def test_center_and_crop_size_give_boxes():
+    df = pd.DataFrame({"id": ["a", "b"], "label": [0, 1], "parent": [1, 1], "cx": [50, 80.5], "cy": [60, 10]})
+    t = CropTable.from_frame(df, id="id", center="cx,cy", crop_size=100)
+    np.testing.assert_allclose(t.boxes, [[0, 10, 100, 100], [30.5, -40, 100, 100]])
+
+
+def test_multi_column_id_and_row_order_invariance(small_df):
+    small_df = small_df.assign(a=small_df["parent"], b=np.arange(len(small_df)))
+    t1 = CropTable.from_frame(small_df, id=["a", "b"], box="x,y,w,h")
+    t2 = CropTable.from_frame(shuffled(small_df), id="a,b", box="x,y,w,h")
+    assert t1.ids[0].count("/") == 1
+    pd.testing.assert_frame_equal(t1.frame, t2.frame)
+
+
+def test_csv_only_empty_cells_are_missing(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("id,label,parent\n1,NA,p1\n2,None,p1\n")
+    t = CropTable.from_csv(p, id="id")
+    assert sorted(t.classes) == ["NA", "None"]
+
+
+def test_integer_ids_read_the_same_from_csv_and_frame(tmp_path):
+    df = pd.DataFrame({"id": [10, 2, 33], "label": ["a", "b", "a"], "parent": [1.0, 1.0, np.nan]})
+    with pytest.raises(TableError, match=r"column 'parent' is empty or NaN in row 2 \(id '33'\)"):
+        CropTable.from_frame(df, id="id")
+    df["parent"] = [1.0, 1.0, 2.0]
+    t = CropTable.from_frame(df, id="id")
+    df.to_csv(tmp_path / "t.csv", index=False)
+    t2 = CropTable.from_csv(tmp_path / "t.csv", id="id")
+    assert list(t.parents) == ["1", "2"]
+    assert list(t2.ids) == list(t.ids)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(parent="slide"), r"parent column 'slide' is missing from DataFrame; columns are: id, label, parent"),
+        (dict(label="cls"), r"label column 'cls' is missing"),
+        (dict(box="x,y,w"), r"box \(x,y,w,h\) needs 4 column names"),
+        (dict(center="x,y"), r"a center \(cx,cy\) needs a crop size"),
+        (dict(center="x,y", crop_size=0), r"crop size must be a positive number"),
+    ],
+)
+def test_bad_mappings_are_refused(kwargs, match):
+    df = pd.DataFrame({"id": ["a", "b"], "label": ["x", "y"], "parent": ["p", "q"]})
+    if "center" in kwargs:
+        df["x"] = [1, 2]
+        df["y"] = [1, 2]
+    with pytest.raises(TableError, match=match):
+        CropTable.from_frame(df, id="id", **kwargs)
+
+
+def test_empty_and_nan_values_name_rows():
+    df = pd.DataFrame({"id": ["a", "b", "c"], "label": ["x", None, "y"], "parent": ["p", "p", ""]})
+    with pytest.raises(TableError, match=r"column 'label' is empty or NaN in row 1 \(id 'b'\)"):
+        CropTable.from_frame(df, id="id")
+    df["label"] = "x"
+    with pytest.raises(TableError, match=r"column 'parent' is empty or NaN in row 2 \(id 'c'\)"):
+        CropTable.from_frame(df, id="id")
+
+
+def test_duplicate_ids_are_refused():
+    df = pd.DataFrame({"id": ["a", "b", "a"], "label": "x", "parent": "p"})
+    with pytest.raises(TableError, match=r"crop ids must be unique; id 'a' and others repeat in rows 0, 2"):
+        CropTable.from_frame(df, id="id")
+
+
+def test_non_positive_sizes_are_refused():
+    df = pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": "p", "x": 0, "y": 0, "w": [10, 0], "h": [5, 5]})
+    with pytest.raises(TableError, match=r"crop sizes must be positive; 'w' is <= 0 in row 1 \(id 'b'\)"):
+        CropTable.from_frame(df, id="id", box="x,y,w,h")
+    df["w"] = 10
+    df["h"] = [5, -1]
+    with pytest.raises(TableError, match=r"'h' is <= 0"):
+        CropTable.from_frame(df, id="id", box="x,y,w,h")
+    df["h"] = ["5", "five"]
+    with pytest.raises(TableError, match=r"box column 'h' must hold finite numbers; row 1 hold 'five'"):
+        CropTable.from_frame(df, id="id", box="x,y,w,h")
+
+
+def test_parent_with_two_patients_is_refused():
+    df = pd.DataFrame({"id": list("abcd"), "label": "x", "parent": ["p", "p", "q", "q"], "pt": ["A", "B", "C", "C"]})
+    with pytest.raises(TableError, match=r"parent 'p' has crops in 2 different groups \(patients\) \['A', 'B'\]"):
+        CropTable.from_frame(df, id="id", group="pt")
+
+
+def test_missing_file_and_empty_table(tmp_path):
+    with pytest.raises(TableError, match="does not exist"):
+        CropTable.from_csv(tmp_path / "nope.csv", id="id")
+    (tmp_path / "e.csv").write_text("id,label,parent\n")
+    with pytest.raises(TableError, match="has no rows"):
+        CropTable.from_csv(tmp_path / "e.csv", id="id")
+
+
+def test_cric_table(cric):
+    assert cric.n_crops == 11534 and cric.n_parents == 400 and cric.n_classes == 6
+    assert cric.parent_sizes.min() == 2
