@@ -297,7 +297,7 @@ def dedup_split(
             h = dedup.hashes_from_hex(list(h))
         h = h.astype(np.uint64)
     res = dedup.link_parents(table.parent_codes, h, max_distance=max_distance)
-    merged_names = table.parents[res.merged_codes]
+    merged_names = table.parents[res.first_parents[res.merged_codes]]
     # A merged parent is named after its first member, so manifests stay readable.
     merged = table.with_parents(merged_names, source_note=" (near-duplicate parents merged)")
     if unit in ("group", "patient") and table.has_group:
@@ -400,7 +400,8 @@ def _allocate_cell(
     Args:
         parents: (F,) parent codes of the cell.
         avail: (N,) bool, crops that may train (test crops excluded).
-        must: (N,) bool, crops to include first (a leak cell's siblings of test parents).
+        must: (N,) bool, crops preferred once every parent is covered (a leak cell's
+            siblings of test parents).
         labels, crop_parent: (N,) class and parent codes.
         prio: (N,) random priority; lower first, shared by cells so common parents give
             the same crops where they can.
@@ -414,15 +415,8 @@ def _allocate_cell(
     chosen = np.zeros(len(labels), dtype=bool)
     C = len(targets)
     need = np.asarray(targets, dtype=np.int64).copy()
-    m_idx = np.flatnonzero(must & in_cell)
-    m_idx = m_idx[np.lexsort((prio[m_idx], labels[m_idx]))]
-    for c in range(C):
-        take = m_idx[labels[m_idx] == c][: need[c]]
-        chosen[take] = True
-        need[c] -= len(take)
     covered = np.zeros(crop_parent.max() + 1, dtype=bool)
-    covered[crop_parent[chosen]] = True
-    cand = np.flatnonzero(in_cell & ~chosen)
+    cand = np.flatnonzero(in_cell)
     cand = cand[np.argsort(prio[cand], kind="stable")]
     by_parent: dict[int, list[int]] = {}
     for i in cand:
@@ -442,8 +436,9 @@ def _allocate_cell(
         chosen[i] = True
         need[labels[i]] -= 1
         covered[p] = True
+    # After every parent is covered, a leak cell fills with the test parents' siblings first.
     rest = np.flatnonzero(in_cell & ~chosen)
-    rest = rest[np.lexsort((prio[rest], labels[rest]))]
+    rest = rest[np.lexsort((prio[rest], ~must[rest], labels[rest]))]
     for c in range(C):
         if need[c] == 0:
             continue
@@ -456,6 +451,38 @@ def _allocate_cell(
         chosen[take] = True
         need[c] = 0
     return chosen
+
+
+def _factorial_cells(
+    others: np.ndarray,
+    test_parents: np.ndarray,
+    dom: np.ndarray,
+    C: int,
+    contrast: float,
+    cap: np.ndarray,
+    classes: Sequence[str],
+) -> dict[str, np.ndarray]:
+    """Parents of the four cells: per dominant class c, the first F_c other parents (clean)
+    or the first F_c - L_c plus the L_c test parents (leak), F_c at most cap[c]."""
+    cells: dict[str, np.ndarray] = {}
+    for level, divisor in (("high", 1.0), ("low", contrast)):
+        clean_p, leak_p = [], []
+        for c in range(C):
+            o_c = others[dom[others] == c]
+            t_c = test_parents[dom[test_parents] == c]
+            # A class with few parents keeps at least its test parents' worth of slots, so
+            # the low level may be a little less contrasted; the achieved contrast is reported.
+            f_c = max(int(round(min(len(o_c), int(cap[c])) / divisor)), len(t_c))
+            if f_c > len(o_c):
+                raise SplitError(
+                    f"factorial class {classes[c]!r}: {len(o_c)} other parents cannot be swapped for "
+                    f"{len(t_c)} test parents; lower --test-parent-share"
+                )
+            clean_p.append(o_c[:f_c])
+            leak_p.append(np.r_[o_c[: f_c - len(t_c)], t_c])
+        cells[f"clean-{level}"] = np.concatenate(clean_p)
+        cells[f"leak-{level}"] = np.concatenate(leak_p)
+    return cells
 
 
 @register_protocol("factorial")
@@ -534,44 +561,35 @@ def factorial_split(
 
     others = np.flatnonzero(~is_test_parent)
     others = others[rng.permutation(len(others))]
-    cells: dict[str, np.ndarray] = {}
-    level_parents: dict[str, dict[str, int]] = {}
-    for level, divisor in (("high", 1.0), ("low", float(diversity_contrast))):
-        clean_p, leak_p = [], []
-        for c in range(C):
-            o_c = others[dom[others] == c]
-            t_c = test_parents[dom[test_parents] == c]
-            # A class with few parents keeps at least its test parents' worth of slots, so
-            # the low level may be a little less contrasted; the achieved contrast is reported.
-            f_c = max(int(round(len(o_c) / divisor)), len(t_c))
-            if f_c > len(o_c):
-                raise SplitError(
-                    f"factorial class {table.classes[c]!r}: {len(o_c)} other parents cannot be swapped for "
-                    f"{len(t_c)} test parents; lower --test-parent-share"
-                )
-            clean_p.append(o_c[:f_c])
-            leak_p.append(np.r_[o_c[: f_c - len(t_c)], t_c])
-        cells[f"clean-{level}"] = np.concatenate(clean_p)
-        cells[f"leak-{level}"] = np.concatenate(leak_p)
-        level_parents[level] = {"clean": len(cells[f"clean-{level}"]), "leak": len(cells[f"leak-{level}"])}
-
     avail = ~test
     if allocation not in ("balanced", "proportional"):
         raise SplitError(f"allocation must be 'balanced' or 'proportional', got {allocation!r}")
     class_n = np.bincount(labels, minlength=C).astype(np.float64)
-    weight = np.ones(C) if allocation == "balanced" else class_n / class_n.max()
-    if n_per_class is None:
-        # The largest scale that every cell can supply in every class.
-        scale = np.inf
-        for ps in cells.values():
-            m = np.isin(crop_parent, ps) & avail
-            have = np.bincount(labels[m], minlength=C)
-            scale = min(scale, float(np.min(have / weight)))
-        n_per_class = int(np.floor(scale + 1e-9))
-    n_per_class = int(n_per_class)
+    weight = np.ones(C) if allocation == "balanced" else class_n / np.maximum(class_n.max(), 1)
+
+    # Each parent of a cell gives at least one crop, so a class cannot hold more parents than
+    # crops. The parent counts and the crops per class depend on each other; shrinking both
+    # from "all other parents" reaches the largest consistent design in a few rounds.
+    cap = np.full(C, np.iinfo(np.int64).max)
+    for _ in range(100):
+        cells = _factorial_cells(others, test_parents, dom, C, float(diversity_contrast), cap, table.classes)
+        n = n_per_class
+        if n is None:
+            # The largest scale that every cell can supply in every class.
+            scale = np.inf
+            for ps in cells.values():
+                m = np.isin(crop_parent, ps) & avail
+                have = np.bincount(labels[m], minlength=C)
+                scale = min(scale, float(np.min(have / weight)))
+            n = int(np.floor(scale + 1e-9))
+        targets = np.floor(weight * int(n) + 1e-9).astype(np.int64)
+        high = np.array([int(np.sum(dom[cells["clean-high"]] == c)) for c in range(C)])
+        if (high <= np.maximum(targets, 0)).all() or (np.minimum(cap, targets) >= cap).all():
+            break
+        cap = np.minimum(cap, np.maximum(targets, 1))
+    n_per_class = int(n)
     if n_per_class < 1:
         raise SplitError(f"n_per_class must be >= 1, got {n_per_class}")
-    targets = np.floor(weight * n_per_class + 1e-9).astype(np.int64)
     biggest = max(len(ps) for ps in cells.values())
     if targets.sum() < biggest:
         raise SplitError(

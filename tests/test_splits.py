@@ -188,3 +188,54 @@ def test_bad_parameters_are_refused(call, match):
     t = table_from(random_table(60, 5, 2, geometry=False, seed=0))
     with pytest.raises(Exception, match=match):
         call(t)
+
+
+def _hash_table(seed=0):
+    """Parents p0..p59; crops of p1 and p2 are near-duplicates of crops of p0 (and p2 of p1)."""
+    rng = np.random.default_rng(seed)
+    df = random_table(60, 4, 2, geometry=False, seed=seed)
+    h = rng.integers(0, 2**63, size=len(df), dtype=np.uint64)
+    first = {p: i for i, p in reversed(list(enumerate(df["parent"])))}
+    h[first["p1"]] = h[first["p0"]] ^ np.uint64(0b101)  # 2 bits apart
+    h[first["p2"]] = h[first["p1"]] ^ np.uint64(1 << 40)  # 1 bit from p1, 3 from p0
+    df["phash"] = [f"{int(v):016x}" for v in h]
+    return df
+
+
+def test_dedup_split_keeps_linked_parents_together():
+    df = _hash_table()
+    t = table_from(df, phash="phash")
+    for seed in range(10):
+        m = make_split(t, "parent-dedup", test_fraction=0.3, seed=seed, max_distance=2)
+        s = sides(t, m)
+        side_of = pd.Series(s).groupby(t.frame["parent"].to_numpy()).first()
+        assert side_of["p0"] == side_of["p1"] == side_of["p2"]
+        assert (pd.Series(s).groupby(t.parent_codes).nunique() == 1).all()
+        assert m.report["parents_before_merge"] == 60 and m.report["parents_after_merge"] == 58
+        assert m.params["dedup"]["max_distance"] == 2
+    # Below the threshold nothing merges: p2 is 3 bits from p0 but 1 from p1, so t=0 links none.
+    m0 = make_split(t, "parent-dedup", test_fraction=0.3, seed=0, max_distance=0)
+    assert m0.report["parents_after_merge"] == 60
+
+
+def test_dedup_split_hashes_images(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for p in range(12):
+        base = (rng.random((32, 32, 3)) * 255).astype(np.uint8)
+        for k in range(3):
+            img = base if (p == 1 and k == 0) else (rng.random((32, 32, 3)) * 255).astype(np.uint8)
+            if p == 1 and k == 0:
+                img = np.asarray(Image.open(rows[0]["image"]))  # a copy of parent 0's first crop
+            path = tmp_path / f"p{p}_{k}.png"
+            Image.fromarray(img).save(path)
+            rows.append({"id": f"p{p}_{k}", "label": "ab"[p % 2], "parent": f"p{p}", "image": str(path)})
+    t = table_from(pd.DataFrame(rows), image="image")
+    m = make_split(t, "parent-dedup", test_fraction=0.25, seed=3)
+    assert m.report["parents_after_merge"] == 11
+    s = pd.Series(sides(t, m), index=t.ids)
+    assert s["p0_0"] == s["p1_2"]
+    with pytest.raises(SplitError, match="needs perceptual hashes"):
+        make_split(table_from(pd.DataFrame(rows).drop(columns="image")), "parent-dedup")
