@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_flow
 
 from .errors import SplitError
 from .exposure import _check_q
@@ -384,6 +386,14 @@ def ladder_split(
 FACTORIAL_CELLS = ("leak-high", "clean-high", "leak-low", "clean-low")
 
 
+class _Uncovered(SplitError):
+    """Some parents of a factorial cell cannot give a crop within the class targets."""
+
+    def __init__(self, message: str, parents: np.ndarray):
+        super().__init__(message)
+        self.parents = parents
+
+
 def _allocate_cell(
     parents: np.ndarray,
     avail: np.ndarray,
@@ -415,27 +425,39 @@ def _allocate_cell(
     chosen = np.zeros(len(labels), dtype=bool)
     C = len(targets)
     need = np.asarray(targets, dtype=np.int64).copy()
-    covered = np.zeros(crop_parent.max() + 1, dtype=bool)
+    # Which class each parent gives its first crop in is a flow problem: source -> parent
+    # (capacity 1) -> class it holds crops of (1) -> sink (the class target). A maximum flow
+    # covers every parent whenever any allocation can.
+    parents = np.asarray(parents)
+    F = len(parents)
+    pos = np.full(crop_parent.max() + 1, -1, dtype=np.int64)
+    pos[parents] = np.arange(F)
     cand = np.flatnonzero(in_cell)
-    cand = cand[np.argsort(prio[cand], kind="stable")]
-    by_parent: dict[int, list[int]] = {}
-    for i in cand:
-        by_parent.setdefault(int(crop_parent[i]), []).append(int(i))
-    for p in parents:
-        if covered[p]:
-            continue
-        options = [i for i in by_parent.get(int(p), []) if need[labels[i]] > 0]
-        if not options:
-            raise SplitError(
-                f"factorial cell {cell!r}: parent {int(p)} cannot contribute a crop without exceeding the "
-                f"class targets {dict(zip(classes, np.asarray(targets).tolist()))}; with mixed-class parents use "
-                "--allocation proportional, or choose a larger --n-per-class"
-            )
-        # The class with the largest remaining need keeps the allocation feasible longest.
-        i = max(options, key=lambda j: (need[labels[j]], -prio[j]))
-        chosen[i] = True
-        need[labels[i]] -= 1
-        covered[p] = True
+    has = np.zeros((F, C), dtype=bool)
+    has[pos[crop_parent[cand]], labels[cand]] = True
+    src, sink = 0, F + C + 1
+    pr, pc = np.nonzero(has)
+    rows = np.r_[np.zeros(F, dtype=np.int64), 1 + pr, 1 + F + np.arange(C)]
+    cols = np.r_[1 + np.arange(F), 1 + F + pc, np.full(C, sink)]
+    caps = np.r_[np.ones(F + len(pr), dtype=np.int32), need.astype(np.int32)]
+    graph = csr_matrix((caps, (rows, cols)), shape=(sink + 1, sink + 1))
+    flow = maximum_flow(graph, src, sink)
+    f = flow.flow.tocsr()[1 : F + 1, F + 1 : F + 1 + C].toarray()
+    if flow.flow_value < F:
+        raise _Uncovered(
+            f"factorial cell {cell!r}: its {F} parents cannot each give a crop within the class targets "
+            f"{dict(zip(classes, np.asarray(targets).tolist()))} ({flow.flow_value} can); with mixed-class parents "
+            "use --allocation proportional, or choose a larger --n-per-class",
+            parents[(f > 0).sum(axis=1) == 0],
+        )
+    give = np.argmax(f > 0, axis=1)  # each parent's class, exactly one unit of flow
+    # The parent's highest-priority crop of that class.
+    first = cand[np.lexsort((prio[cand], labels[cand], pos[crop_parent[cand]]))]
+    key = pos[crop_parent[first]] * C + labels[first]
+    uniq, idx = np.unique(key, return_index=True)
+    pick = first[idx][np.searchsorted(uniq, np.arange(F) * C + give)]
+    chosen[pick] = True
+    need -= np.bincount(labels[pick], minlength=C)
     # After every parent is covered, a leak cell fills with the test parents' siblings first.
     rest = np.flatnonzero(in_cell & ~chosen)
     rest = rest[np.lexsort((prio[rest], ~must[rest], labels[rest]))]
@@ -571,7 +593,7 @@ def factorial_split(
     # crops. The parent counts and the crops per class depend on each other; shrinking both
     # from "all other parents" reaches the largest consistent design in a few rounds.
     cap = np.full(C, np.iinfo(np.int64).max)
-    for _ in range(100):
+    for _ in range(200):
         cells = _factorial_cells(others, test_parents, dom, C, float(diversity_contrast), cap, table.classes)
         n = n_per_class
         if n is None:
@@ -582,25 +604,28 @@ def factorial_split(
                 have = np.bincount(labels[m], minlength=C)
                 scale = min(scale, float(np.min(have / weight)))
             n = int(np.floor(scale + 1e-9))
+        if int(n) < 1:
+            raise SplitError(f"n_per_class must be >= 1, got {n}")
         targets = np.floor(weight * int(n) + 1e-9).astype(np.int64)
-        high = np.array([int(np.sum(dom[cells["clean-high"]] == c)) for c in range(C)])
-        if (high <= np.maximum(targets, 0)).all() or (np.minimum(cap, targets) >= cap).all():
+        high = np.bincount(dom[cells["clean-high"]], minlength=C)
+        try:
+            masks = {}
+            for name in FACTORIAL_CELLS:
+                must = sibling if name.startswith("leak") else np.zeros(N, dtype=bool)
+                masks[name] = _allocate_cell(cells[name], avail, must, labels, crop_parent, prio, targets, name, table.classes)
             break
-        cap = np.minimum(cap, np.maximum(targets, 1))
+        except _Uncovered as e:
+            if n_per_class is not None:
+                raise
+            # Fewer parents of the classes whose parents found no room, then try again.
+            short = np.bincount(dom[e.parents], minlength=C)
+            new_cap = np.where(short > 0, np.minimum(cap, np.maximum(high - short, 1)), cap)
+            if (new_cap == cap).all():
+                raise
+            cap = new_cap
+    else:
+        raise SplitError("the factorial found no feasible design in 200 rounds; pass --n-per-class explicitly")
     n_per_class = int(n)
-    if n_per_class < 1:
-        raise SplitError(f"n_per_class must be >= 1, got {n_per_class}")
-    biggest = max(len(ps) for ps in cells.values())
-    if targets.sum() < biggest:
-        raise SplitError(
-            f"the factorial cells need one crop per parent ({biggest} parents) but hold {int(targets.sum())} crops; "
-            "raise --n-per-class or lower --test-parent-share"
-        )
-
-    masks = {}
-    for name in FACTORIAL_CELLS:
-        must = sibling if name.startswith("leak") else np.zeros(N, dtype=bool)
-        masks[name] = _allocate_cell(cells[name], avail, must, labels, crop_parent, prio, targets, name, table.classes)
 
     report = _check_factorial(table, masks, test, is_test_parent, targets)
     report.update(

@@ -160,15 +160,22 @@ def test_factorial_cells_are_matched(seed, n_classes):
     assert all(s[2] == (n,) * n_classes for s in stats.values())
 
 
-def test_factorial_on_mixed_parents_needs_proportional_allocation(cric):
-    with pytest.raises(SplitError, match="use --allocation proportional"):
-        factorial_split(cric, seed=0)
-    m = factorial_split(cric, seed=0, allocation="proportional")
+@pytest.mark.parametrize("allocation", ["balanced", "proportional"])
+def test_factorial_on_mixed_class_parents(cric, allocation):
+    m = factorial_split(cric, seed=0, allocation=allocation)
     stats = _check_factorial_from_rows(cric, m)
     assert m.report["achieved_diversity_contrast"] == pytest.approx(1.43, abs=0.05)
     assert m.report["cells"]["leak-high"]["test_with_train_sibling"] == 1.0
     assert m.report["cells"]["clean-low"]["test_with_train_sibling"] == 0.0
     assert stats["leak-low"][0] == sum(m.report["train_crops_per_class"].values())
+    if allocation == "balanced":
+        assert len(set(m.report["train_crops_per_class"].values())) == 1
+
+
+def test_factorial_says_when_balanced_classes_cannot_cover_the_parents(cric):
+    # Seed 6 draws more NILM-only test parents than the rare SCC class allows crops per class.
+    with pytest.raises(SplitError, match="use --allocation proportional"):
+        factorial_split(cric, seed=6)
 
 
 @pytest.mark.parametrize(
