@@ -13,7 +13,7 @@ import json
 
 
 def _pct(x) -> str:
-    return "n/a" if x is None or x != x else f"{100 * x:.1f}%"
+    return "n/a" if x is None or x != x else f"{100 * x:.2f}%"
 
 
 def reporting_card(result: dict) -> str:
@@ -63,7 +63,8 @@ def reporting_card(result: dict) -> str:
         f"- Splitter: shortcutlab `{protocol}` with parameters `{json.dumps(shown, sort_keys=True)}`",
         f"- Manifest SHA-256: `{split.get('sha256')}`",
         f"- Near-duplicate merging before the split: {dedup_text}",
-        "- Augmentation: applied after the split, to training crops only (state it if otherwise)",
+        "- Augmentation relative to the split: not recorded here; state it (split first, then augment "
+        "training crops only, so augmented copies stay on their source crop's side)",
     ]
     measured = r.get("measured") or {}
     cells = measured if "train" not in measured and measured and all(isinstance(v, dict) and "train" in v for v in measured.values()) else {"": measured}

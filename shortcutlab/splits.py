@@ -299,14 +299,21 @@ def dedup_split(
             h = dedup.hashes_from_hex(list(h))
         h = h.astype(np.uint64)
     res = dedup.link_parents(table.parent_codes, h, max_distance=max_distance)
-    merged_names = table.parents[res.first_parents[res.merged_codes]]
     # A merged parent is named after its first member, so manifests stay readable.
-    merged = table.with_parents(merged_names, source_note=" (near-duplicate parents merged)")
-    if unit in ("group", "patient") and table.has_group:
-        merged_frame = merged.frame
-        # Merging parents can join patients; the group unit then follows the merged parents.
-        grp = merged_frame.groupby("parent")["group"].transform("first")
-        merged = CropTable(merged_frame.assign(group=grp), source=merged.source)
+    frame = table.to_frame()
+    frame["parent"] = table.parents[res.first_parents[res.merged_codes]]
+    if table.has_group:
+        # Parents merged across patients join those patients: groups become the connected
+        # components of the merged-parent / group graph, named after their first group.
+        from scipy.sparse.csgraph import connected_components
+
+        g = table.group_codes
+        M, G = int(res.merged_codes.max()) + 1, int(g.max()) + 1
+        graph = csr_matrix((np.ones(len(g)), (res.merged_codes, M + g)), shape=(M + G, M + G))
+        _, comp = connected_components(graph, directed=False)
+        first_group = pd.Series(g).groupby(comp[M + g]).transform("min").to_numpy()
+        frame["group"] = table._group_factor[1][first_group]
+    merged = CropTable(frame, source=table.source + " (near-duplicate parents merged)")
     q, v = _check_fractions(test_fraction, val_fraction)
     unit = "group" if unit in ("group", "patient") else "parent"
     side, codes = _unit_sides(merged, q, v, seed, unit)
@@ -319,6 +326,8 @@ def dedup_split(
             "parents_after_merge": int(res.n_parents_after),
         }
     )
+    if table.has_group:
+        rep.update({"groups_before_merge": int(table.n_groups), "groups_after_merge": int(merged.n_groups)})
     params = {
         "test_fraction": q,
         "val_fraction": v,

@@ -67,11 +67,11 @@ def test_reporting_card_states_the_standard_items(cric):
     assert "Split unit: parent" in card
     assert "shortcutlab `parent`" in card and '"seed": 0' in card
     assert "parents (acquisitions): 400" in card
-    assert "| test | 2," in card and "| 0.0% |" in card
+    assert "| test | 2," in card and "| 0.00% |" in card
     assert "Near-duplicate merging before the split: no" in card
     assert m.hash in card
     plain = reporting_card(audit(cric, 0.2))
-    assert "No split given" in plain and "99.99%" not in plain
+    assert "No split given" in plain and "would expose 99.99% of test crops" in plain
 
 
 def test_multi_cell_audit_measures_every_cell():
