@@ -246,3 +246,42 @@ def test_dedup_split_hashes_images(tmp_path):
     assert s["p0_0"] == s["p1_2"]
     with pytest.raises(SplitError, match="needs perceptual hashes"):
         make_split(table_from(pd.DataFrame(rows).drop(columns="image")), "parent-dedup")
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    n_parents=st.integers(20, 80),
+    n_copies=st.integers(0, 15),
+    t=st.integers(0, 6),
+)
+def test_parent_dedup_keeps_every_linked_pair_on_one_side(seed, n_parents, n_copies, t):
+    from shortcutlab.dedup import all_pairs_near_duplicates
+
+    rng = np.random.default_rng(seed)
+    df = random_table(n_parents, 4, 2, geometry=False, seed=seed)
+    h = rng.integers(0, 2**63, size=len(df), dtype=np.uint64)
+    for _ in range(n_copies):  # plant near-copies across random crops
+        a, b = rng.integers(0, len(df), size=2)
+        flips = rng.choice(64, size=rng.integers(0, t + 2), replace=False)
+        h[b] = h[a] ^ np.uint64(sum(1 << int(f) for f in flips))
+    df["phash"] = [f"{int(v):016x}" for v in h]
+    tb = table_from(df, phash="phash")
+    m = make_split(tb, "parent-dedup", test_fraction=0.25, seed=seed % 7, max_distance=t)
+    s = sides(tb, m)
+    assert (pd.Series(s).groupby(tb.parent_codes).nunique() == 1).all()
+    hashes = np.array([int(x, 16) for x in tb.frame["phash"]], dtype=np.uint64)
+    i, j = all_pairs_near_duplicates(hashes, t)
+    assert (s[i] == s[j]).all()
+
+
+@given(df=st.builds(random_table, n_parents=st.integers(60, 150), mean_crops=st.floats(1.0, 6.0),
+                    n_classes=st.integers(2, 3), geometry=st.just(False), seed=st.integers(0, 10_000)))
+def test_parent_split_class_shares_track_q_for_single_class_parents(df):
+    t = table_from(df)
+    m = parent_split(t, 0.2, seed=0)
+    s = sides(t, m)
+    for c in range(t.n_classes):
+        in_c = t.label_codes == c
+        biggest = t.parent_sizes[np.unique(t.parent_codes[in_c])].max()
+        # Each class is within two of its largest parents of the target.
+        assert abs((s[in_c] == 2).mean() - 0.2) <= 2 * biggest / in_c.sum() + 1e-9
