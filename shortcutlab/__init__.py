@@ -7,7 +7,10 @@ The public entry points:
   (`shortcutlab.exposure`);
 - split protocols `crop_split`, `parent_split`, `dedup_split`, `factorial_split`,
   `ladder_split` and `make_split` (`shortcutlab.splits`), returning a `SplitManifest`;
-- `audit` and `measure_split` (`shortcutlab.audit`), `reporting_card` (`shortcutlab.card`).
+- `audit` and `measure_split` (`shortcutlab.audit`), `reporting_card` (`shortcutlab.card`);
+- `wrap` / `ModelAdapter` / `create_model` (`shortcutlab.adapter`), `train` / `TrainConfig`
+  (`shortcutlab.recipe`) and `synthesize` / `SynthConfig` (`shortcutlab.synth`). These need
+  torch and are imported on first use, so table work stays light.
 """
 
 __version__ = "0.1.0"
@@ -28,8 +31,42 @@ from .splits import (
 )
 from .table import CropTable
 
+# Names whose modules import torch/timm: resolved on first access (PEP 562).
+_LAZY = {
+    "wrap": "adapter",
+    "ModelAdapter": "adapter",
+    "ModelError": "adapter",
+    "InputError": "adapter",
+    "create_model": "adapter",
+    "train": "recipe",
+    "TrainConfig": "recipe",
+    "synthesize": "synth",
+    "SynthConfig": "synth",
+    "write_synth": "synth",
+    "load_synth": "synth",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'shortcutlab' has no attribute {name!r}")
+
 __all__ = [
     "CropTable",
+    "InputError",
+    "ModelAdapter",
+    "ModelError",
+    "SynthConfig",
+    "TrainConfig",
+    "create_model",
+    "load_synth",
+    "synthesize",
+    "train",
+    "wrap",
+    "write_synth",
     "ManifestHashError",
     "ShortcutlabError",
     "SplitError",

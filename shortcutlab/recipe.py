@@ -1,0 +1,355 @@
+"""The main paper's training recipe, deterministic on CPU.
+
+AdamW (lr 1e-4, weight decay 0.01), batch 64, a fixed number of epochs, random resized crop
+and flips, scored at the final epoch with no model selection. One function trains any cell of
+any split manifest, so the leak and clean models of a factorial are trained the same way.
+
+Training-time variants that later studies need:
+
+- ``mask_background``: every crop (training and scoring) has its background replaced by
+  ``background_fill`` outside the cell mask (the paper's F3);
+- ``augmentation``: a callable ``fn(x, mask) -> x`` on float (B, 3, H, W) batches in [0, 1],
+  applied after the geometric augmentation (HED jitter for F4 plugs in here);
+- ``adversary_weight``: a gradient-reversal parent adversary (Ganin & Lempitsky, DANN): a
+  linear head on the pooled features predicts the training crop's parent, and its gradient
+  reaches the backbone multiplied by -lambda(p), with the DANN schedule
+  ``lambda(p) = adversary_weight * (2 / (1 + exp(-10 p)) - 1)``, p = step / total steps.
+
+Determinism: the model is initialised, batches are shuffled and augmentations are drawn from
+generators seeded by ``seed`` only, and torch's deterministic algorithms are enforced while
+training, so the same seed gives the same logits on CPU.
+
+Example:
+    >>> from shortcutlab.recipe import TrainConfig, train        # doctest: +SKIP
+    >>> record = train("bench/manifest.csv", "split.csv", "runs/a", TrainConfig(arch="test_resnet", epochs=5))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from .data import CropImages, load_crops
+from .errors import ShortcutlabError
+from .manifest import SplitManifest
+from .table import CropTable
+
+Augmentation = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one training run (all recorded in run.json).
+
+    Attributes:
+        arch: timm model name (random init unless `weights` is a local file).
+        epochs: fixed number of epochs; the final epoch is scored.
+        batch_size, lr, weight_decay: AdamW settings.
+        seed: seeds initialisation, shuffling and augmentation.
+        weights: local weight file to start from (never downloaded).
+        rrc_scale, rrc_ratio: random resized crop area and aspect ranges.
+        hflip, vflip: random flips (cells have no canonical orientation).
+        mask_background: replace the background outside the cell mask, in training and scoring.
+        background_fill: the grey level (0-1) used by `mask_background`.
+        adversary_weight: lambda_max of the gradient-reversal parent adversary (0: off).
+        device: torch device for training.
+    """
+
+    arch: str = "test_resnet"
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    seed: int = 0
+    weights: str | None = None
+    rrc_scale: tuple[float, float] = (0.5, 1.0)
+    rrc_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: bool = True
+    vflip: bool = True
+    mask_background: bool = False
+    background_fill: float = 0.5
+    adversary_weight: float = 0.0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ShortcutlabError(f"epochs and batch_size must be >= 1, got {self.epochs} and {self.batch_size}")
+        if not self.lr > 0:
+            raise ShortcutlabError(f"lr must be positive, got {self.lr}")
+        if not (0 < self.rrc_scale[0] <= self.rrc_scale[1] <= 1):
+            raise ShortcutlabError(f"rrc_scale must satisfy 0 < low <= high <= 1, got {self.rrc_scale}")
+        if not 0 <= self.background_fill <= 1:
+            raise ShortcutlabError(f"background_fill must lie in [0, 1], got {self.background_fill}")
+        if self.adversary_weight < 0:
+            raise ShortcutlabError(f"adversary_weight must be >= 0, got {self.adversary_weight}")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run did: config, data, results, versions and durations (also run.json)."""
+
+    config: dict
+    split_sha256: str
+    cell: str | None
+    classes: list[str]
+    n_crops: dict
+    accuracy: dict
+    epoch_loss: list[float]
+    durations_s: dict
+    versions: dict
+    out_dir: str
+    files: dict = field(default_factory=dict)
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, lam):
+        ctx.lam = lam
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -ctx.lam * grad, None
+
+
+def dann_lambda(progress: float, weight: float) -> float:
+    """The DANN schedule: weight * (2 / (1 + exp(-10 p)) - 1), p in [0, 1]."""
+    return weight * (2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0)
+
+
+def random_resized_crop(
+    x: torch.Tensor, scale: tuple[float, float], ratio: tuple[float, float], generator: torch.Generator
+) -> torch.Tensor:
+    """Per-sample random resized crop back to the input size, parameters drawn from `generator`.
+
+    Args:
+        x: (B, C, H, W) float tensor.
+    """
+    from torchvision.transforms.v2 import functional as TF
+
+    B, _, H, W = x.shape
+    area = H * W
+    u = torch.rand(B, 3, generator=generator)
+    s = scale[0] + (scale[1] - scale[0]) * u[:, 0]
+    log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * u[:, 1]
+    r = torch.exp(log_r)
+    w = torch.clamp(torch.round(torch.sqrt(s * area * r)), 1, W).long()
+    h = torch.clamp(torch.round(torch.sqrt(s * area / r)), 1, H).long()
+    v = torch.rand(B, 2, generator=generator)
+    top = torch.floor(v[:, 0] * (H - h + 1)).long()
+    left = torch.floor(v[:, 1] * (W - w + 1)).long()
+    out = torch.empty_like(x)
+    for i in range(B):
+        out[i] = TF.resized_crop(x[i], int(top[i]), int(left[i]), int(h[i]), int(w[i]), [H, W], antialias=True)
+    return out
+
+
+def _flip(x: torch.Tensor, dim: int, generator: torch.Generator) -> torch.Tensor:
+    do = torch.rand(x.shape[0], generator=generator) < 0.5
+    if do.any():
+        x = x.clone()
+        x[do] = x[do].flip(dim)
+    return x
+
+
+def _mask_background(x: torch.Tensor, mask: torch.Tensor | None, fill: float) -> torch.Tensor:
+    if mask is None:
+        raise ShortcutlabError("mask_background needs cell masks: give the manifest a mask column (--mask COL)")
+    return x * mask + fill * (1.0 - mask)
+
+
+def _versions() -> dict:
+    import timm
+
+    from . import __version__
+
+    return {
+        "shortcutlab": __version__,
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+
+
+@contextlib.contextmanager
+def _deterministic():
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:
+    """Read a crop manifest (as written by `shortcutlab synth`): id, path, [mask], label, parent."""
+    if not os.path.exists(path):
+        raise ShortcutlabError(f"crop manifest {path!r} does not exist")
+    cols = pd.read_csv(path, nrows=0).columns
+    return CropTable.from_csv(path, id=id, label=label, parent=parent, image=image, mask=mask if mask in cols else None)
+
+
+def train(
+    manifest: str | CropTable | CropImages,
+    split: str | SplitManifest,
+    out_dir: str,
+    config: TrainConfig = TrainConfig(),
+    cell: str | None = None,
+    augmentation: Augmentation | None = None,
+    progress: bool = True,
+) -> RunRecord:
+    """Train one model on the training side of a split and score every crop of the split.
+
+    Args:
+        manifest: crop manifest CSV (id, path, mask, label, parent), a `CropTable` with an image
+            column, or crops already loaded with `load_crops`.
+        split: split manifest CSV or `SplitManifest` (any protocol; `cell` picks a cell).
+        out_dir: run folder; receives model.safetensors, logits.csv and run.json.
+        config: the recipe's settings.
+        cell: the cell of a multi-cell manifest (factorial, ladder).
+        augmentation: optional ``fn(x, mask) -> x`` applied to training batches.
+        progress: show tqdm progress bars.
+
+    Returns:
+        The run record (also written to run.json).
+    """
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    from .audit import side_codes
+    from .adapter import create_model, wrap
+
+    t0 = time.perf_counter()
+    if isinstance(manifest, CropImages):
+        crops = manifest
+    else:
+        table = manifest if isinstance(manifest, CropTable) else load_manifest_table(manifest)
+        crops = load_crops(table)
+    table = crops.table
+    if isinstance(split, (str, os.PathLike)):
+        split = SplitManifest.read(split)
+    side = side_codes(table, split.cell(cell))
+    train_idx = np.flatnonzero(side == 0)
+    if len(train_idx) == 0:
+        raise ShortcutlabError(f"the split{' cell ' + repr(cell) if cell else ''} has no training crops")
+    if config.mask_background and crops.masks is None:
+        raise ShortcutlabError("mask_background needs cell masks: the manifest has no mask column")
+    labels = torch.from_numpy(table.label_codes)
+    classes = list(table.classes)
+    device = torch.device(config.device)
+    t_load = time.perf_counter() - t0
+
+    with torch.random.fork_rng(devices=[]), _deterministic():
+        torch.manual_seed(config.seed)
+        model = create_model(config.arch, num_classes=len(classes), pretrained=config.weights)
+        model.to(device)
+        adapter = wrap(model, device=device)
+        adversary = None
+        train_parents = None
+        if config.adversary_weight > 0:
+            codes, uniq = np.unique(table.parent_codes[train_idx], return_inverse=True)
+            train_parents = torch.full((table.n_crops,), -1, dtype=torch.long)
+            train_parents[torch.from_numpy(train_idx)] = torch.from_numpy(uniq.astype(np.int64))
+            adversary = torch.nn.Linear(adapter.num_features, len(codes)).to(device)
+        params = list(model.parameters()) + (list(adversary.parameters()) if adversary is not None else [])
+        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        gen = torch.Generator().manual_seed(config.seed)
+        n_batches = math.ceil(len(train_idx) / config.batch_size)
+        total = config.epochs * n_batches
+        step = 0
+        epoch_loss = []
+        t1 = time.perf_counter()
+        bar = tqdm(total=total, desc=f"train {config.arch}", disable=not progress, leave=False)
+        for epoch in range(config.epochs):
+            model.train()
+            order = torch.from_numpy(train_idx)[torch.randperm(len(train_idx), generator=gen)]
+            running, seen = 0.0, 0
+            for b in range(n_batches):
+                idx = order[b * config.batch_size : (b + 1) * config.batch_size]
+                x, m = crops.float_batch(idx)
+                if config.mask_background:
+                    x = _mask_background(x, m, config.background_fill)
+                x = random_resized_crop(x, config.rrc_scale, config.rrc_ratio, gen)
+                if config.hflip:
+                    x = _flip(x, -1, gen)
+                if config.vflip:
+                    x = _flip(x, -2, gen)
+                if augmentation is not None:
+                    x = augmentation(x, mask=m)
+                x = x.clamp_(0.0, 1.0).to(device)
+                y = labels[idx].to(device)
+                feats = adapter.features(x)
+                logits = adapter.head(feats)
+                loss = F.cross_entropy(logits, y)
+                if adversary is not None:
+                    lam = dann_lambda(step / max(total - 1, 1), config.adversary_weight)
+                    adv = adversary(_GradReverse.apply(feats, lam))
+                    loss = loss + F.cross_entropy(adv, train_parents[idx].to(device))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                running += float(loss.detach()) * len(idx)
+                seen += len(idx)
+                step += 1
+                bar.update(1)
+            epoch_loss.append(running / seen)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_loss[-1]:.3f}")
+        bar.close()
+        t_train = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        scored = np.flatnonzero(side >= 0)
+        model.eval()
+        out_logits = []
+        with torch.no_grad():
+            for b in range(0, len(scored), 256):
+                idx = torch.from_numpy(scored[b : b + 256])
+                x, m = crops.float_batch(idx, device=device)
+                if config.mask_background:
+                    x = _mask_background(x, m, config.background_fill)
+                out_logits.append(adapter.logits(x).cpu())
+        logits_all = torch.cat(out_logits).numpy()
+        t_eval = time.perf_counter() - t2
+
+    os.makedirs(out_dir, exist_ok=True)
+    sides = np.array(["train", "val", "test"], dtype=object)
+    frame = pd.DataFrame({"id": table.ids[scored], "split": sides[side[scored]], "label": np.asarray(classes, dtype=object)[table.label_codes[scored]]})
+    pred = logits_all.argmax(1)
+    frame["pred"] = np.asarray(classes, dtype=object)[pred]
+    for k, c in enumerate(classes):
+        frame[f"logit_{c}"] = logits_all[:, k]
+    frame.to_csv(os.path.join(out_dir, "logits.csv"), index=False)
+    correct = pred == table.label_codes[scored]
+    accuracy = {s: float(correct[frame["split"].to_numpy() == s].mean()) for s in ("train", "val", "test") if (frame["split"] == s).any()}
+    n_crops = {s: int((frame["split"] == s).sum()) for s in ("train", "val", "test")}
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, os.path.join(out_dir, "model.safetensors"))
+
+    record = RunRecord(
+        config=asdict(config),
+        split_sha256=split.hash,
+        cell=cell,
+        classes=classes,
+        n_crops=n_crops,
+        accuracy=accuracy,
+        epoch_loss=[round(v, 6) for v in epoch_loss],
+        durations_s={"load": round(t_load, 3), "train": round(t_train, 3), "score": round(t_eval, 3), "train_crops_per_s": round(config.epochs * len(train_idx) / max(t_train, 1e-9), 1)},
+        versions=_versions(),
+        out_dir=os.path.abspath(out_dir),
+        files={"weights": "model.safetensors", "logits": "logits.csv", "record": "run.json"},
+    )
+    with open(os.path.join(out_dir, "run.json"), "w") as f:
+        json.dump(asdict(record), f, indent=2)
+        f.write("\n")
+    return record

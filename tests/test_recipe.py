@@ -1,0 +1,120 @@
+"""The training recipe end to end on a tiny hand-made manifest."""
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from shortcutlab import ShortcutlabError, TableError, parent_split
+from shortcutlab.recipe import TrainConfig, dann_lambda, load_manifest_table, random_resized_crop, train
+
+FAST = dict(arch="test_resnet", epochs=1, batch_size=16)
+
+
+def _manifest(tmp_path, n_parents=8, per_parent=4, size=24, odd_size_at=None):
+    rng = np.random.default_rng(0)
+    rows = []
+    os.makedirs(tmp_path / "crops", exist_ok=True)
+    for p in range(n_parents):
+        label = p % 2
+        for k in range(per_parent):
+            i = len(rows)
+            s = size if i != odd_size_at else size + 4
+            img = (rng.random((s, s, 3)) * 80 + (150 if label else 60)).astype(np.uint8)
+            mask = np.zeros((s, s), np.uint8)
+            mask[s // 4 : 3 * s // 4, s // 4 : 3 * s // 4] = 255
+            Image.fromarray(img).save(tmp_path / "crops" / f"c{i}.png")
+            Image.fromarray(mask).save(tmp_path / "crops" / f"m{i}.png")
+            rows.append({"id": f"c{i}", "path": f"crops/c{i}.png", "mask": f"crops/m{i}.png", "label": f"class{label}", "parent": f"f{p}"})
+    path = tmp_path / "manifest.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    man = _manifest(tmp_path)
+    split = parent_split(load_manifest_table(man), 0.25, seed=0)
+    split.to_csv(tmp_path / "split.csv")
+    return man, str(tmp_path / "split.csv")
+
+
+def test_one_epoch_end_to_end_writes_the_run(tmp_path, tiny):
+    man, split = tiny
+    rec = train(man, split, str(tmp_path / "run"), TrainConfig(**FAST), progress=False)
+    run = tmp_path / "run"
+    assert {"model.safetensors", "logits.csv", "run.json"} <= set(os.listdir(run))
+    logits = pd.read_csv(run / "logits.csv")
+    assert len(logits) == 32 and set(logits["split"]) == {"train", "test"}
+    assert {"logit_class0", "logit_class1", "pred", "label"} <= set(logits.columns)
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["split_sha256"] == rec.split_sha256 and meta["config"]["arch"] == "test_resnet"
+    assert set(meta["versions"]) >= {"torch", "timm", "shortcutlab"}
+    assert meta["n_crops"]["test"] == 8 and 0 <= meta["accuracy"]["test"] <= 1
+    # The saved weights reload into the same logits.
+    from shortcutlab.adapter import create_model, wrap
+
+    model = create_model("test_resnet", num_classes=2, pretrained=str(run / "model.safetensors")).eval()
+    from shortcutlab.data import load_crops
+
+    crops = load_crops(load_manifest_table(man))
+    x, _ = crops.float_batch(torch.arange(32))
+    with torch.no_grad():
+        again = wrap(model).logits(x).numpy()
+    order = pd.Index(crops.table.ids).get_indexer(logits["id"])
+    np.testing.assert_allclose(again[order], logits[["logit_class0", "logit_class1"]].to_numpy(), atol=1e-4)
+
+
+def test_same_seed_same_logits(tmp_path, tiny):
+    man, split = tiny
+    cfg = TrainConfig(**FAST, seed=3)
+    a = train(man, split, str(tmp_path / "a"), cfg, progress=False)
+    b = train(man, split, str(tmp_path / "b"), cfg, progress=False)
+    c = train(man, split, str(tmp_path / "c"), TrainConfig(**FAST, seed=4), progress=False)
+    la, lb, lc = (pd.read_csv(tmp_path / d / "logits.csv").filter(like="logit_").to_numpy() for d in "abc")
+    assert np.array_equal(la, lb)
+    assert not np.allclose(la, lc)
+    assert a.epoch_loss == b.epoch_loss
+
+
+def test_variants_masked_background_adversary_and_hook(tmp_path, tiny):
+    man, split = tiny
+    calls = []
+
+    def hook(x, mask=None):
+        calls.append(mask is not None)
+        return 1.0 - x
+
+    rec = train(man, split, str(tmp_path / "r"), TrainConfig(**FAST, mask_background=True, adversary_weight=0.5), augmentation=hook, progress=False)
+    assert calls and all(calls)
+    assert rec.config["adversary_weight"] == 0.5 and rec.config["mask_background"] is True
+
+
+def test_dann_schedule():
+    assert dann_lambda(0.0, 1.0) == 0.0
+    assert dann_lambda(1.0, 0.3) == pytest.approx(0.3 * (2 / (1 + np.exp(-10)) - 1))
+    assert dann_lambda(0.5, 1.0) > dann_lambda(0.1, 1.0)
+
+
+def test_random_resized_crop_keeps_shape_and_replays():
+    x = torch.rand(5, 3, 20, 20)
+    a = random_resized_crop(x, (0.5, 1.0), (0.75, 1.33), torch.Generator().manual_seed(1))
+    b = random_resized_crop(x, (0.5, 1.0), (0.75, 1.33), torch.Generator().manual_seed(1))
+    assert a.shape == x.shape and torch.equal(a, b)
+    full = random_resized_crop(x, (1.0, 1.0), (1.0, 1.0), torch.Generator().manual_seed(1))
+    torch.testing.assert_close(full, x)
+
+
+def test_bad_input(tmp_path):
+    with pytest.raises(ShortcutlabError, match="does not exist"):
+        train(str(tmp_path / "missing.csv"), "split.csv", str(tmp_path / "r"), TrainConfig(**FAST))
+    man = _manifest(tmp_path, odd_size_at=5)
+    split = parent_split(load_manifest_table(man), 0.25, seed=0)
+    with pytest.raises(TableError, match=r"crops must all have one size; .*c5.png.* is 28 x 28 but the first crop is 24 x 24"):
+        train(man, split, str(tmp_path / "r"), TrainConfig(**FAST), progress=False)
+    with pytest.raises(ShortcutlabError, match="epochs and batch_size must be >= 1"):
+        TrainConfig(epochs=0)
