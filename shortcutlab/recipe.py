@@ -133,26 +133,33 @@ def random_resized_crop(
 ) -> torch.Tensor:
     """Per-sample random resized crop back to the input size, parameters drawn from `generator`.
 
+    The boxes follow torchvision's RandomResizedCrop (area share in `scale`, log-uniform aspect
+    in `ratio`, clipped to the image); all crops are resampled bilinearly in one batched
+    `torchvision.ops.roi_align` call instead of a per-image loop.
+
     Args:
         x: (B, C, H, W) float tensor.
+        scale: range of the crop's area as a share of the image.
+        ratio: range of the crop's aspect ratio (width / height).
+        generator: CPU generator the parameters are drawn from.
+
+    Returns:
+        (B, C, H, W) tensor on x's device.
     """
-    from torchvision.transforms.v2 import functional as TF
+    from torchvision.ops import roi_align
 
     B, _, H, W = x.shape
     area = H * W
-    u = torch.rand(B, 3, generator=generator)
+    u = torch.rand(B, 4, generator=generator, dtype=torch.float64)
     s = scale[0] + (scale[1] - scale[0]) * u[:, 0]
     log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * u[:, 1]
     r = torch.exp(log_r)
-    w = torch.clamp(torch.round(torch.sqrt(s * area * r)), 1, W).long()
-    h = torch.clamp(torch.round(torch.sqrt(s * area / r)), 1, H).long()
-    v = torch.rand(B, 2, generator=generator)
-    top = torch.floor(v[:, 0] * (H - h + 1)).long()
-    left = torch.floor(v[:, 1] * (W - w + 1)).long()
-    out = torch.empty_like(x)
-    for i in range(B):
-        out[i] = TF.resized_crop(x[i], int(top[i]), int(left[i]), int(h[i]), int(w[i]), [H, W], antialias=True)
-    return out
+    w = torch.clamp(torch.round(torch.sqrt(s * area * r)), 1, W)
+    h = torch.clamp(torch.round(torch.sqrt(s * area / r)), 1, H)
+    top = torch.floor(u[:, 2] * (H - h + 1))
+    left = torch.floor(u[:, 3] * (W - w + 1))
+    boxes = torch.stack([torch.arange(B, dtype=torch.float64), left, top, left + w, top + h], dim=1)
+    return roi_align(x, boxes.to(device=x.device, dtype=x.dtype), output_size=(H, W), spatial_scale=1.0, sampling_ratio=1, aligned=True)
 
 
 def _flip(x: torch.Tensor, dim: int, generator: torch.Generator) -> torch.Tensor:

@@ -107,6 +107,17 @@ def test_random_resized_crop_keeps_shape_and_replays():
     assert a.shape == x.shape and torch.equal(a, b)
     full = random_resized_crop(x, (1.0, 1.0), (1.0, 1.0), torch.Generator().manual_seed(1))
     torch.testing.assert_close(full, x)
+    # A half-size crop equals torchvision's bilinear resize of that window (no antialias)
+    # away from its border, where roi_align blends in the image's pixels beyond the window.
+    from torchvision.transforms.v2 import functional as TF
+
+    y = torch.rand(1, 3, 16, 16)
+    g = torch.Generator().manual_seed(0)
+    out = random_resized_crop(y, (0.25, 0.25), (1.0, 1.0), g)
+    u = torch.rand(1, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    top, left = int(u[0, 2] * 9), int(u[0, 3] * 9)
+    ref = TF.resize(y[:, :, top : top + 8, left : left + 8], [16, 16], antialias=False)
+    torch.testing.assert_close(out[..., 1:-1, 1:-1], ref[..., 1:-1, 1:-1], atol=1e-5, rtol=0)
 
 
 def test_bad_input(tmp_path):
