@@ -167,6 +167,51 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_synth(args) -> int:
+    import time
+
+    from .synth import SynthConfig, parse_mechanisms, synthesize, write_synth
+
+    # Options left out keep SynthConfig's defaults (one source of truth).
+    given = {
+        "seed": args.seed,
+        "n_classes": args.n_classes,
+        "fields_per_class": args.fields_per_class,
+        "mean_cells_per_field": args.cells_per_field,
+        "crop_size": args.crop_size,
+        "field_size": args.field_size,
+        "strength": args.strength,
+        "class_signal": args.class_signal,
+    }
+    params = {k: v for k, v in given.items() if v is not None}
+    if args.mechanism is not None:
+        params["mechanisms"], params["strengths"] = parse_mechanisms(args.mechanism)
+    params["mixed_fields"] = args.mixed_fields
+    config = SynthConfig(**params)
+    t0 = time.perf_counter()
+    data = synthesize(config)
+    t1 = time.perf_counter()
+    paths = write_synth(data, args.out, compress_level=args.compress_level)
+    t2 = time.perf_counter()
+    n = len(data)
+    strength = ", ".join(f"{m} {s:g}" for m, s in config.effective_strengths.items() if m in config.mechanisms) or "none"
+    print(
+        f"synthetic benchmark: {n} crops of {config.crop_size}x{config.crop_size} px from {config.n_fields} fields "
+        f"({config.n_classes} classes, {'mixed' if config.mixed_fields else 'single-class'} fields, seed {config.seed})"
+    )
+    print(f"  mechanisms (strength): {strength}; class signal {config.class_signal:g}")
+    print(f"  wrote {paths['manifest']} (paths relative to its folder), {paths['json']}, {paths['cells']}")
+    print(f"  crops in {paths['crops']}, masks in {paths['masks']}")
+    print(
+        f"  {n / max(t2 - t0, 1e-9):.0f} crops/s ({t1 - t0:.2f} s rendering, {n / max(t1 - t0, 1e-9):.0f} crops/s; "
+        f"{t2 - t1:.2f} s writing)"
+    )
+    print(
+        f"  audit it: shortcutlab audit {paths['manifest']} --id id --label label --parent parent --box x,y,w,h"
+    )
+    return 0
+
+
 def _write(path: str, text: str) -> None:
     d = os.path.dirname(path)
     if d:
@@ -183,6 +228,48 @@ def _json_default(o):
     if isinstance(o, np.floating):
         return float(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def cmd_train(args) -> int:
+    from .recipe import TrainConfig, load_manifest_table, train
+
+    cfg = TrainConfig(
+        arch=args.arch,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        weights=args.weights,
+        mask_background=args.mask_background,
+        adversary_weight=args.adversary_weight,
+        device=args.device,
+    )
+    table = load_manifest_table(args.manifest, id=args.id, label=args.label, parent=args.parent, image=args.image, mask=args.mask)
+    rec = train(table, args.split, args.out, cfg, cell=args.cell, progress=not args.quiet)
+    acc = ", ".join(f"{k} {v:.4f}" for k, v in rec.accuracy.items())
+    print(f"trained {cfg.arch} for {cfg.epochs} epochs on {rec.n_crops['train']} crops ({rec.durations_s['train']:.1f} s, "
+          f"{rec.durations_s['train_crops_per_s']:.0f} crops/s); accuracy: {acc}")
+    print(f"wrote {os.path.join(args.out, 'model.safetensors')}, logits.csv, run.json")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import DemoConfig, run_demo
+
+    kw = {}
+    if args.seeds:
+        kw["seeds"] = tuple(int(s) for s in args.seeds.split(","))
+    if args.epochs:
+        kw["epochs"] = args.epochs
+    if args.mechanism:
+        kw["mechanisms"] = tuple(m.strip() for m in args.mechanism.split(","))
+    cfg = DemoConfig(progress=not args.quiet, **kw)
+    summary = run_demo(args.out, cfg)
+    print(f"leak/clean factorial on the synthetic benchmark ({summary['minutes']} min)")
+    for cond, eff in summary["mean_leak_effect_pp"].items():
+        print(f"  {cond:<45} mean test accuracy {summary['mean_test_accuracy'][cond]:.3f}   leak - clean {eff:+.2f} pp")
+    print(f"tables in {args.out}: results.csv (one row per model), effects.csv, summary.json")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,6 +304,53 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allocation", choices=("balanced", "proportional"), default="balanced", help="factorial: equal crops per class (default) or the table's class shares")
     s.add_argument("--levels", help="ladder: comma-separated crossing shares (default 0,0.25,0.5,0.75,1)")
     s.set_defaults(func=cmd_split)
+
+    y = sub.add_parser("synth", help="write the synthetic cytology benchmark (crops from fields with planted acquisition signatures)")
+    y.add_argument("--out", required=True, metavar="DIR", help="output folder (new, or one holding an earlier benchmark)")
+    y.add_argument("--seed", type=int, help="random seed (default 0)")
+    y.add_argument(
+        "--mechanism",
+        metavar="NAME[=X][,NAME[=X]...]",
+        help="acquisition mechanisms planted per field, each optionally with its own strength factor: "
+        "color, illumination, background, focus, noise; or 'none' (default: all five)",
+    )
+    y.add_argument("--strength", type=float, metavar="X", help="multiplier of every mechanism's magnitude (default 1)")
+    y.add_argument("--fields-per-class", type=int, metavar="N", help="fields whose dominant class is each class (default 50)")
+    y.add_argument("--cells-per-field", type=float, metavar="M", help="mean cells (crops) per field, 2 + Poisson (default 6)")
+    y.add_argument("--crop-size", type=int, metavar="PX", help="crop side in pixels (default 64)")
+    y.add_argument("--field-size", type=int, metavar="PX", help="field side in pixels (default 3 x crop size)")
+    y.add_argument("--n-classes", type=int, metavar="K", help="number of classes (default 3)")
+    y.add_argument("--class-signal", type=float, metavar="X", help="class separation in [0, 1] (default 0.6)")
+    y.add_argument("--mixed-fields", action="store_true", help="CRIC-like fields mixing classes (default: one class per field)")
+    y.add_argument("--compress-level", type=int, default=0, metavar="L", help="zlib level of the crop PNGs, 0 (stored, fastest; default) to 9")
+    y.set_defaults(func=cmd_synth)
+
+    t = sub.add_parser("train", help="train one model on a split with the paper's recipe")
+    t.add_argument("--manifest", required=True, help="crop manifest CSV (as written by `shortcutlab synth`)")
+    t.add_argument("--split", required=True, metavar="SPLIT.csv", help="split manifest from `shortcutlab split`")
+    t.add_argument("--cell", help="cell of a multi-cell split (factorial, ladder)")
+    t.add_argument("--arch", default="test_resnet", help="timm model name (default test_resnet)")
+    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--batch-size", type=int, default=64)
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--weights", metavar="FILE", help="local weight file to start from (never downloaded)")
+    t.add_argument("--mask-background", action="store_true", help="replace the background outside the cell mask (F3)")
+    t.add_argument("--adversary-weight", type=float, default=0.0, help="lambda_max of a gradient-reversal parent adversary (DANN schedule)")
+    t.add_argument("--device", default="cpu")
+    t.add_argument("--out", required=True, metavar="RUN_DIR")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent"), ("--image", "path"), ("--mask", "mask")):
+        t.add_argument(flag, default=default, help=f"manifest column (default {default})")
+    t.set_defaults(func=cmd_train)
+
+    d = sub.add_parser("demo", help="the leak/clean factorial on the synthetic benchmark, planted mechanism vs none")
+    d.add_argument("--out", default="shortcutlab-demo", help="output folder (default shortcutlab-demo)")
+    d.add_argument("--seeds", help="comma-separated seeds (default 0)")
+    d.add_argument("--epochs", type=int, help="training epochs per model")
+    d.add_argument("--mechanism", help="planted mechanisms, comma-separated (default all five)")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=cmd_demo)
 
     v = sub.add_parser("verify", help="check a manifest against a registered hash")
     v.add_argument("manifest")
