@@ -33,8 +33,9 @@ class DemoConfig:
         mechanisms: planted mechanisms of the leak condition (comma-joined in reports).
         controls: also run the signature-free `none` condition.
         seeds: one factorial (and one model per cell) per seed.
-        strength, class_signal, fields_per_class, mean_cells_per_field, crop_size, n_classes:
-            synthetic benchmark settings (see `shortcutlab.synth.SynthConfig`).
+        strength, class_signal, fields_per_class, mean_cells_per_field, crop_size, field_size,
+            n_classes: synthetic benchmark settings (see `shortcutlab.synth.SynthConfig`;
+            field_size None means 3 x crop_size).
         arch, epochs, batch_size, lr: training recipe (see `TrainConfig`). The models start
             from random weights, so the demo uses lr 1e-3 instead of the recipe's 1e-4, which
             is meant for fine-tuning pretrained backbones.
@@ -49,6 +50,7 @@ class DemoConfig:
     fields_per_class: int = 100
     mean_cells_per_field: float = 6.0
     crop_size: int = 32
+    field_size: int | None = None
     n_classes: int = 3
     arch: str = "test_resnet"
     epochs: int = 30
@@ -76,6 +78,7 @@ def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_d
         fields_per_class=cfg.fields_per_class,
         mean_cells_per_field=cfg.mean_cells_per_field,
         crop_size=cfg.crop_size,
+        field_size=cfg.field_size,
         mechanisms=mechanisms,
         strength=cfg.strength,
         class_signal=cfg.class_signal,
