@@ -885,13 +885,7 @@ def synthesize(config: SynthConfig | None = None, *, workers: int | None = None)
                 lo = c // 2 - hs
                 masks[o + j, lo : lo + 2 * hs + 1, lo : lo + 2 * hs + 1] = cover > 0.5
 
-    chunks = [plans[i : i + _CHUNK] for i in range(0, len(plans), _CHUNK)]
-    if workers > 1 and len(chunks) > 1:
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(work, chunks))
-    else:
-        for chunk in chunks:
-            work(chunk)
+    _run(work, [plans[i : i + _CHUNK] for i in range(0, len(plans), _CHUNK)], workers)
 
     fname = _field_names(config)
     width = max(2, len(str(int(counts.max()) - 1)))
@@ -953,6 +947,16 @@ def render_field(config: SynthConfig, index: int) -> FieldRender:
         cells=torch.from_numpy(labels),
         field=_field_dict(config, plan, _field_names(config).format(int(index))),
     )
+
+
+def _run(work, items, workers: int) -> None:
+    """Call `work` on every item, on a thread pool when there are workers and items to share."""
+    if workers > 1 and len(items) > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(work, items))
+    else:
+        for item in items:
+            work(item)
 
 
 def _workers(workers: int | None) -> int:
@@ -1109,14 +1113,7 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
             _write_bytes(os.path.join(crops_dir, ids[i] + ".png"), _png(rows[k], 3, compress_level))
             _write_bytes(os.path.join(masks_dir, ids[i] + ".png"), _png(mrows[k], 1, mask_level))
 
-    blocks = range(0, len(ids), step)
-    workers = _workers(workers)
-    if workers > 1 and len(blocks) > 1:
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(work, blocks))
-    else:
-        for start in blocks:
-            work(start)
+    _run(work, range(0, len(ids), step), _workers(workers))
 
     t = data.table
     manifest = pd.DataFrame(
