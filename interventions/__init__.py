@@ -1,8 +1,39 @@
-"""shortcutlab's `interventions` package.
+"""shortcutlab's `interventions` package: plug-in test-time image interventions.
 
-Test-time image interventions (background removal, illumination flattening, colour and
-stain transfer, ...). They arrive with the interventions issue; the package is installed now so
-that the distribution's layout is fixed.
+Every intervention is an ``nn.Module`` with ``forward(x, mask=None)`` on a float
+``(B, 3, H, W)`` batch in [0, 1] (see `interventions.base` for the contract) and a function
+twin. Look them up by name:
+
+    >>> import torch, interventions
+    >>> blur = interventions.get("low_pass", sigma=2.0)
+    >>> blur(torch.rand(4, 3, 32, 32)).shape
+    torch.Size([4, 3, 32, 32])
+
+`available()` lists the registered names (built-ins and plug-ins of the entry-point group
+``shortcutlab.interventions``); `register` adds your own.
 """
 
-__all__: list[str] = []
+from .base import Intervention, InterventionError, check_image, check_mask
+from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
+
+# Built-ins register themselves on import.
+from .greyscale import Greyscale, greyscale
+from .low_pass import LowPass, low_pass
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Greyscale",
+    "Intervention",
+    "InterventionError",
+    "LowPass",
+    "available",
+    "check_image",
+    "check_mask",
+    "get",
+    "get_class",
+    "greyscale",
+    "load_entry_points",
+    "low_pass",
+    "register",
+    "unregister",
+]

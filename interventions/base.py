@@ -1,0 +1,185 @@
+"""The intervention contract: what every test-time image intervention takes and returns.
+
+An intervention is an ``nn.Module`` whose ``forward(x, mask=None, ...)`` takes a float
+``(B, 3, H, W)`` tensor with values in [0, 1] and an optional ``(B, 1, H, W)`` cell mask (1 on
+the cell, 0 on the background; soft values in [0, 1] are allowed) and returns a tensor of the
+same shape, dtype and device with values in [0, 1]. Every intervention also has a plain
+function twin (``greyscale(x)`` next to ``Greyscale()``) for scripting.
+
+Metadata lives in class attributes, so that sweeps and the shared contract test can select
+what applies without instantiating anything:
+
+- ``requires_mask``: the intervention cannot run without a cell mask;
+- ``stochastic``: the output depends on a random draw. Random interventions separate drawing
+  from applying (kornia's ``generate_parameters`` / ``apply_transform``): ``draw_params(x,
+  generator)`` returns a dict of tensors, ``forward(x, params=...)`` replays a given draw, and
+  the last draw is kept in ``last_params``. Draws come from a CPU ``torch.Generator`` (the
+  one given to the constructor, or ``generator=`` in the call) and are then moved to x's
+  device, so a seed gives the same draw on CPU and GPU;
+- ``label_conditioned``: the intervention needs per-crop information chosen from the labels
+  (for example Reinhard transfer to an unseen field of the crop's own class, the paper's F2),
+  passed as keyword arguments to ``forward``. Its effect on accuracy is then a controlled
+  diagnostic, not an unconditional test-time transform.
+
+Subclasses implement ``apply(x, mask, params, **context)`` (and ``draw_params`` when
+stochastic); ``forward`` validates the input, draws, applies and checks the output.
+
+Example:
+    >>> import torch
+    >>> from interventions import get
+    >>> grey = get("greyscale")
+    >>> y = grey(torch.rand(2, 3, 16, 16))
+    >>> bool((y[:, 0] == y[:, 1]).all())
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from shortcutlab.errors import ShortcutlabError
+
+# Inputs may overshoot [0, 1] by this much (resampling, float rounding) and are then clamped.
+RANGE_TOL = 1e-4
+
+
+class InterventionError(ShortcutlabError):
+    """An intervention got input that breaks its contract, or bad parameters."""
+
+
+def check_image(x: torch.Tensor, name: str = "x") -> None:
+    """Raise `InterventionError` unless x is a float (B, 3, H, W) tensor with values in [0, 1].
+
+    Args:
+        x: the batch to check.
+        name: how the error message refers to the argument.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise InterventionError(f"{name} must be a torch.Tensor of shape (B, 3, H, W); got {type(x).__name__}")
+    if not x.is_floating_point():
+        hint = " (divide uint8 images by 255)" if x.dtype == torch.uint8 else ""
+        raise InterventionError(f"{name} must be a float tensor with values in [0, 1]; got dtype {x.dtype}{hint}")
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise InterventionError(f"{name} must have shape (B, 3, H, W); got {tuple(x.shape)}")
+    if x.numel() == 0:
+        return
+    lo, hi = float(x.min()), float(x.max())
+    if not (lo >= -RANGE_TOL and hi <= 1 + RANGE_TOL):  # also catches NaN
+        raise InterventionError(f"{name} must hold values in [0, 1]; got min {lo:.4g}, max {hi:.4g}")
+
+
+def check_mask(mask: torch.Tensor, x: torch.Tensor, name: str = "mask") -> torch.Tensor:
+    """Validate a cell mask against x and return it as x's dtype on x's device.
+
+    Args:
+        mask: (B, 1, H, W) bool or float tensor with values in [0, 1]; (B, H, W) is accepted.
+        x: the image batch the mask belongs to.
+        name: how the error message refers to the argument.
+
+    Returns:
+        The mask as a float (B, 1, H, W) tensor of x's dtype and device.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise InterventionError(f"{name} must be a torch.Tensor of shape (B, 1, H, W); got {type(mask).__name__}")
+    if mask.ndim == 3:
+        mask = mask.unsqueeze(1)
+    B, _, H, W = x.shape
+    if mask.ndim != 4 or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (H, W) or mask.shape[0] != B:
+        raise InterventionError(f"{name} must have shape (B, 1, H, W) = {(B, 1, H, W)} to match the images; got {tuple(mask.shape)}")
+    if mask.device != x.device:
+        raise InterventionError(f"{name} is on {mask.device} but the images are on {x.device}; move both to one device")
+    if mask.dtype == torch.bool:
+        return mask.to(x.dtype)
+    if not mask.is_floating_point():
+        if mask.numel() and int(mask.max()) > 1 or (mask.numel() and int(mask.min()) < 0):
+            raise InterventionError(f"{name} must hold 0/1 values (or floats in [0, 1]); got integers in [{int(mask.min())}, {int(mask.max())}]")
+        return mask.to(x.dtype)
+    if mask.numel() and not (float(mask.min()) >= 0 and float(mask.max()) <= 1):
+        raise InterventionError(f"{name} must hold values in [0, 1]; got min {float(mask.min()):.4g}, max {float(mask.max()):.4g}")
+    return mask.to(x.dtype)
+
+
+class Intervention(nn.Module):
+    """Base class of every intervention (see the module docstring for the contract).
+
+    Class attributes:
+        name: the registry name (set by `interventions.register`).
+        requires_mask: forward raises without a cell mask.
+        stochastic: the output depends on a random draw (`draw_params`).
+        label_conditioned: forward needs per-crop context chosen from the labels.
+    """
+
+    name: ClassVar[str] = ""
+    requires_mask: ClassVar[bool] = False
+    stochastic: ClassVar[bool] = False
+    label_conditioned: ClassVar[bool] = False
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise InterventionError(f"generator must be a torch.Generator; got {type(generator).__name__}")
+        self.generator = generator
+        self.last_params: dict[str, torch.Tensor] | None = None
+
+    # -- to implement ------------------------------------------------------------------
+    def draw_params(self, x: torch.Tensor, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+        """Draw the random parameters for batch x (stochastic interventions only)."""
+        raise NotImplementedError(f"{type(self).__name__} is marked stochastic but does not implement draw_params")
+
+    def apply(self, x: torch.Tensor, mask: torch.Tensor | None, params: dict[str, torch.Tensor] | None, **context: Any) -> torch.Tensor:
+        """Apply the intervention to a validated batch (x float in [0, 1], mask float or None)."""
+        raise NotImplementedError
+
+    # -- the contract --------------------------------------------------------------------
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        params: dict[str, torch.Tensor] | None = None,
+        generator: torch.Generator | None = None,
+        **context: Any,
+    ) -> torch.Tensor:
+        """Validate, draw (if stochastic and no `params`), apply, and check the output.
+
+        Args:
+            x: (B, 3, H, W) float tensor with values in [0, 1].
+            mask: optional (B, 1, H, W) cell mask (bool, 0/1 or float in [0, 1]).
+            params: a previous draw to replay (stochastic interventions).
+            generator: CPU generator for this call's draw (default: the constructor's).
+            **context: per-crop context of label-conditioned interventions.
+
+        Returns:
+            (B, 3, H, W) tensor of x's dtype and device with values in [0, 1].
+        """
+        check_image(x)
+        if mask is not None:
+            mask = check_mask(mask, x)
+        elif self.requires_mask:
+            raise InterventionError(f"{self.name or type(self).__name__} needs a cell mask: call it as f(x, mask) with a (B, 1, H, W) mask")
+        if self.stochastic:
+            if params is None:
+                params = self.draw_params(x, generator if generator is not None else self.generator)
+            self.last_params = params
+        elif params is not None:
+            raise InterventionError(f"{self.name or type(self).__name__} is deterministic and takes no params")
+        y = self.apply(x.clamp(0.0, 1.0), mask, params, **context)
+        if y.shape != x.shape or y.dtype != x.dtype or y.device != x.device:
+            raise RuntimeError(
+                f"{type(self).__name__}.apply broke the contract: returned {tuple(y.shape)} {y.dtype} on {y.device} "
+                f"for input {tuple(x.shape)} {x.dtype} on {x.device}"
+            )
+        return y.clamp(0.0, 1.0)
+
+    def extra_repr(self) -> str:
+        flags = [f for f in ("requires_mask", "stochastic", "label_conditioned") if getattr(self, f)]
+        return ", ".join(flags)
+
+
+def uniform(low: float, high: float, shape: tuple[int, ...], generator: torch.Generator | None, like: torch.Tensor) -> torch.Tensor:
+    """U(low, high) draws made on the CPU generator, returned on `like`'s device and dtype."""
+    u = torch.rand(shape, generator=generator, dtype=torch.float64)
+    return (low + (high - low) * u).to(device=like.device, dtype=like.dtype)

@@ -1,0 +1,170 @@
+"""One contract test over every registered intervention (kornia's tester, sklearn's check_estimator).
+
+Every name in `interventions.available()` must appear in `PARAMS` (constructor arguments for
+the test) and, when label-conditioned, in `CONTEXT` (per-batch keyword arguments): a new
+intervention that is not added here fails `test_every_intervention_is_covered`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interventions
+from interventions import InterventionError
+
+B, H, W = 4, 24, 24
+
+# Constructor arguments used by the contract test (defaults where None).
+PARAMS: dict[str, dict] = {
+    "greyscale": {},
+    "low_pass": {"sigma": 1.5},
+}
+
+# Per-batch keyword arguments for label-conditioned interventions: name -> fn(x) -> dict.
+CONTEXT: dict[str, callable] = {}
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+NAMES = interventions.available()
+
+
+def _batch(dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(B, 3, H, W, generator=g, dtype=torch.float64)
+    yy, xx = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
+    r2 = (yy - H / 2 + 0.5) ** 2 + (xx - W / 2 + 0.5) ** 2
+    mask = (r2 < (H / 3) ** 2).to(torch.float64).expand(B, 1, H, W).clone()
+    # a darker, purplish cell on a bright background, so stain methods find tissue
+    x = mask * (0.35 + 0.3 * x * torch.tensor([1.0, 0.6, 1.0]).view(1, 3, 1, 1)) + (1 - mask) * (0.8 + 0.15 * x)
+    return x.to(device=device, dtype=dtype), mask.to(device=device, dtype=dtype)
+
+
+def _make(name):
+    return interventions.get(name, **PARAMS.get(name, {}))
+
+
+def _call(t, x, mask, **kw):
+    ctx = CONTEXT[t.name](x) if t.label_conditioned else {}
+    return t(x, mask, **ctx, **kw)
+
+
+def test_every_intervention_is_covered():
+    missing = [n for n in NAMES if n not in PARAMS]
+    missing += [n for n in NAMES if interventions.get_class(n).label_conditioned and n not in CONTEXT]
+    assert not missing, f"add these interventions to the contract test's PARAMS/CONTEXT: {missing}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", NAMES)
+def test_shape_dtype_device_range(name, dtype, device):
+    x, mask = _batch(dtype, device)
+    t = _make(name).to(device)
+    g = torch.Generator().manual_seed(1) if t.stochastic else None
+    y = _call(t, x, mask, generator=g)
+    assert y.shape == x.shape and y.dtype == dtype and y.device == x.device
+    assert torch.isfinite(y).all()
+    assert float(y.min()) >= 0.0 and float(y.max()) <= 1.0
+    assert not y.requires_grad or x.requires_grad
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_function_twin_is_exported(name):
+    cls = interventions.get_class(name)
+    twin = getattr(interventions, name, None)
+    assert callable(twin) and not isinstance(twin, type), f"interventions.{name} (the function twin of {cls.__name__}) is missing"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_determinism_and_replay(name):
+    x, mask = _batch()
+    t = _make(name)
+    if not t.stochastic:
+        torch.testing.assert_close(_call(t, x, mask), _call(t, x, mask), rtol=0, atol=0)
+        with pytest.raises(InterventionError, match="deterministic"):
+            _call(t, x, mask, params={})
+        return
+    a = _call(t, x, mask, generator=torch.Generator().manual_seed(7))
+    params = t.last_params
+    b = _call(t, x, mask, generator=torch.Generator().manual_seed(7))
+    c = _call(t, x, mask, generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.equal(a, c), "a different seed should give a different draw"
+    torch.testing.assert_close(_call(t, x, mask, params=params), a, rtol=0, atol=0)
+    # the constructor's generator is used when the call gives none
+    t2 = interventions.get(name, **PARAMS.get(name, {}), generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(_call(t2, x, mask), a, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mask_handling(name):
+    x, mask = _batch()
+    t = _make(name)
+    g = torch.Generator().manual_seed(0) if t.stochastic else None
+    if t.requires_mask:
+        with pytest.raises(InterventionError, match="mask"):
+            _call(t, x, None)
+    else:
+        _call(t, x, None, generator=g)
+    with pytest.raises(InterventionError, match=r"\(B, 1, H, W\)"):
+        _call(t, x, mask[..., :-1], generator=g)
+    with pytest.raises(InterventionError, match="mask"):
+        _call(t, x, mask * 2.0, generator=g)
+    # bool masks are accepted and mean the same as 0/1 floats
+    torch.testing.assert_close(
+        _call(t, x, mask.bool(), generator=torch.Generator().manual_seed(0) if t.stochastic else None),
+        _call(t, x, mask, generator=torch.Generator().manual_seed(0) if t.stochastic else None),
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda x: (x * 255).to(torch.uint8), "float"),
+        (lambda x: x[0], r"\(B, 3, H, W\)"),
+        (lambda x: x[:, :2], r"\(B, 3, H, W\)"),
+        (lambda x: x * 2.0, r"\[0, 1\]"),
+        (lambda x: x.clone().fill_(float("nan")), r"\[0, 1\]"),
+    ],
+    ids=["uint8", "rank3", "two_channels", "above_one", "nan"],
+)
+def test_bad_input_is_rejected(name, bad, message):
+    x, mask = _batch()
+    t = _make(name)
+    with pytest.raises(InterventionError, match=message):
+        _call(t, bad(x), mask)
+
+
+def test_registry_errors_and_plugins(tmp_path, monkeypatch):
+    with pytest.raises(InterventionError, match="did you mean 'greyscale'"):
+        interventions.get("grayscale")
+    with pytest.raises(InterventionError, match="takes no parameter 'sigmma'"):
+        interventions.get("low_pass", sigmma=2)
+    with pytest.raises(InterventionError, match="already registered by interventions.greyscale.Greyscale"):
+
+        @interventions.register("greyscale")
+        class Other(interventions.Intervention):
+            def apply(self, x, mask, params, **context):
+                return x
+
+    # a third-party plug-in joins through the entry-point group
+    dist = tmp_path / "fake_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[{interventions.ENTRY_POINT_GROUP}]\ninvert = fake_plugin_mod:Invert\nbroken = fake_plugin_mod:Missing\n")
+    (tmp_path / "fake_plugin_mod.py").write_text(
+        "from interventions import Intervention\n"
+        "class Invert(Intervention):\n"
+        "    def apply(self, x, mask, params, **context):\n"
+        "        return 1 - x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.warns(UserWarning, match="'broken'"):
+            loaded = interventions.load_entry_points(force=True)
+        assert loaded == ["invert"] and "invert" in interventions.available()
+        x, _ = _batch()
+        torch.testing.assert_close(interventions.get("invert")(x), 1 - x)
+    finally:
+        interventions.unregister("invert")
