@@ -129,3 +129,37 @@ def test_bad_input(tmp_path):
         train(man, split, str(tmp_path / "r"), TrainConfig(**FAST), progress=False)
     with pytest.raises(ShortcutlabError, match="epochs and batch_size must be >= 1"):
         TrainConfig(epochs=0)
+
+
+def test_precise_bn_sets_running_stats_to_the_exact_training_moments(tmp_path, tiny):
+    from shortcutlab.adapter import create_model, wrap
+    from shortcutlab.data import load_crops
+    from shortcutlab.recipe import recalibrate_batchnorm
+
+    man, _ = tiny
+    crops = load_crops(load_manifest_table(man))
+    torch.manual_seed(0)
+    adapter = wrap(create_model("test_resnet", num_classes=2))
+    bn = next(m for m in adapter.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    seen = []
+    handle = bn.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach()))
+    idx = np.arange(crops.table.n_crops)
+    n = recalibrate_batchnorm(adapter, crops, idx, TrainConfig(**FAST), torch.device("cpu"), batch_size=len(idx))
+    handle.remove()
+    assert n > 1
+    z = seen[0].transpose(0, 1).reshape(seen[0].shape[1], -1)
+    torch.testing.assert_close(bn.running_mean, z.mean(1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(bn.running_var, z.var(1, unbiased=True), rtol=1e-4, atol=1e-5)
+    assert bn.momentum == 0.1  # restored after recalibration
+
+
+def test_precise_bn_run_scores_with_recalibrated_statistics(tmp_path, tiny):
+    man, split = tiny
+    a = train(man, split, str(tmp_path / "a"), TrainConfig(**FAST), progress=False)
+    b = train(man, split, str(tmp_path / "b"), TrainConfig(**FAST, precise_bn=True), progress=False)
+    la = pd.read_csv(tmp_path / "a" / "logits.csv")
+    lb = pd.read_csv(tmp_path / "b" / "logits.csv")
+    # Same weights (same seed), different BatchNorm statistics: the logits must move.
+    assert a.epoch_loss == b.epoch_loss
+    assert not np.allclose(la["logit_class0"], lb["logit_class0"])
+    assert b.config["precise_bn"] is True
