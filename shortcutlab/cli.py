@@ -230,6 +230,20 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def _key_values(items: list[str], flag: str) -> dict:
+    """Parse repeated KEY=VALUE options; values are JSON when they parse (numbers, lists), else strings."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ShortcutlabError(f"{flag} takes KEY=VALUE; got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 def cmd_train(args) -> int:
     from .recipe import TrainConfig, load_manifest_table, train
 
@@ -241,6 +255,9 @@ def cmd_train(args) -> int:
         seed=args.seed,
         weights=args.weights,
         mask_background=args.mask_background,
+        augment=args.augment,
+        augment_params=_key_values(args.augment_param, "--augment-param"),
+        precise_bn=args.precise_bn,
         adversary_weight=args.adversary_weight,
         device=args.device,
     )
@@ -336,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--weights", metavar="FILE", help="local weight file to start from (never downloaded)")
     t.add_argument("--mask-background", action="store_true", help="replace the background outside the cell mask (F3)")
+    t.add_argument("--augment", metavar="NAME", help="a registered intervention applied to training batches (e.g. hed_jitter for F4)")
+    t.add_argument("--augment-param", action="append", default=[], metavar="KEY=VALUE", help="a parameter of --augment (repeatable; VALUE read as JSON when it parses)")
+    t.add_argument("--precise-bn", action="store_true", help="recompute BatchNorm statistics on the training crops before scoring")
     t.add_argument("--adversary-weight", type=float, default=0.0, help="lambda_max of a gradient-reversal parent adversary (DANN schedule)")
     t.add_argument("--device", default="cpu")
     t.add_argument("--out", required=True, metavar="RUN_DIR")

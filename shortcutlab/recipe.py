@@ -8,8 +8,12 @@ Training-time variants that later studies need:
 
 - ``mask_background``: every crop (training and scoring) has its background replaced by
   ``background_fill`` outside the cell mask (the paper's F3);
-- ``augmentation``: a callable ``fn(x, mask) -> x`` on float (B, 3, H, W) batches in [0, 1],
-  applied after the geometric augmentation (HED jitter for F4 plugs in here);
+- ``augment`` (a registered intervention name with ``augment_params``, recorded in run.json)
+  or ``augmentation`` (any callable ``fn(x, mask=m) -> x`` on float (B, 3, H, W) batches in
+  [0, 1]): applied to training batches after the geometric augmentation, with the mask
+  cropped and flipped together with the image. Random interventions draw from the run's
+  generator, so runs stay deterministic. HED jitter for F4 plugs in here
+  (``TrainConfig(augment="hed_jitter", augment_params={"sigma_alpha": 0.2})``);
 - ``adversary_weight``: a gradient-reversal parent adversary (Ganin & Lempitsky, DANN): a
   linear head on the pooled features predicts the training crop's parent, and its gradient
   reaches the backbone multiplied by -lambda(p), with the DANN schedule
@@ -61,6 +65,10 @@ class TrainConfig:
         rrc_scale, rrc_ratio: random resized crop area and aspect ranges.
         hflip, vflip: random flips (cells have no canonical orientation).
         mask_background: replace the background outside the cell mask, in training and scoring.
+        augment: name of a registered intervention (`interventions.available()`) applied to
+            every training batch as augmentation; None for none. Label-conditioned
+            interventions cannot be used (they need test-time targets).
+        augment_params: constructor arguments of `augment`.
         background_fill: the grey level (0-1) used by `mask_background`.
         adversary_weight: lambda_max of the gradient-reversal parent adversary (0: off).
         precise_bn: after the last epoch, recompute every BatchNorm layer's running mean and
@@ -85,6 +93,8 @@ class TrainConfig:
     vflip: bool = True
     mask_background: bool = False
     background_fill: float = 0.5
+    augment: str | None = None
+    augment_params: dict = field(default_factory=dict)
     adversary_weight: float = 0.0
     precise_bn: bool = False
     device: str = "cpu"
@@ -98,6 +108,8 @@ class TrainConfig:
             raise ShortcutlabError(f"rrc_scale must satisfy 0 < low <= high <= 1, got {self.rrc_scale}")
         if not 0 <= self.background_fill <= 1:
             raise ShortcutlabError(f"background_fill must lie in [0, 1], got {self.background_fill}")
+        if self.augment_params and not self.augment:
+            raise ShortcutlabError(f"augment_params {self.augment_params} were given without augment=NAME")
         if self.adversary_weight < 0:
             raise ShortcutlabError(f"adversary_weight must be >= 0, got {self.adversary_weight}")
 
@@ -207,6 +219,30 @@ def _deterministic():
         torch.use_deterministic_algorithms(previous)
 
 
+def _resolve_augmentation(config: TrainConfig, augmentation: Augmentation | None, has_masks: bool):
+    """The training augmentation: the callable given, or the intervention named in the config."""
+    if config.augment and augmentation is not None:
+        raise ShortcutlabError("give either TrainConfig.augment (a registered intervention) or augmentation= (a callable), not both")
+    if config.augment:
+        import interventions
+
+        augmentation = interventions.get(config.augment, **config.augment_params)
+    if augmentation is None:
+        return None
+    if getattr(augmentation, "label_conditioned", False):
+        raise ShortcutlabError(f"{getattr(augmentation, 'name', augmentation)!r} is label-conditioned (it needs per-crop test-time targets) and cannot be a training augmentation")
+    if getattr(augmentation, "requires_mask", False) and not has_masks:
+        raise ShortcutlabError(f"augmentation {getattr(augmentation, 'name', augmentation)!r} needs cell masks: give the manifest a mask column")
+    return augmentation
+
+
+def _augment(augmentation, x: torch.Tensor, m: torch.Tensor | None, gen: torch.Generator) -> torch.Tensor:
+    # Random interventions draw from the run's generator so that a seed fixes the whole run.
+    if getattr(augmentation, "stochastic", False):
+        return augmentation(x, mask=m, generator=gen)
+    return augmentation(x, mask=m)
+
+
 def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: TrainConfig, device: torch.device, batch_size: int = 256) -> int:
     """Set every BatchNorm layer's running statistics to exact averages over crops `idx`.
 
@@ -297,6 +333,7 @@ def train(
     labels = torch.from_numpy(table.label_codes)
     classes = list(table.classes)
     device = torch.device(config.device)
+    augmentation = _resolve_augmentation(config, augmentation, crops.masks is not None)
     t_load = time.perf_counter() - t0
 
     with torch.random.fork_rng(devices=[]), _deterministic():
@@ -329,13 +366,17 @@ def train(
                 x, m = crops.float_batch(idx)
                 if config.mask_background:
                     x = _mask_background(x, m, config.background_fill)
-                x = random_resized_crop(x, config.rrc_scale, config.rrc_ratio, gen)
+                # The mask travels with the image through crop and flips (one 4-channel tensor).
+                xm = x if m is None else torch.cat([x, m], dim=1)
+                xm = random_resized_crop(xm, config.rrc_scale, config.rrc_ratio, gen)
                 if config.hflip:
-                    x = _flip(x, -1, gen)
+                    xm = _flip(xm, -1, gen)
                 if config.vflip:
-                    x = _flip(x, -2, gen)
+                    xm = _flip(xm, -2, gen)
+                x, m = (xm, None) if m is None else (xm[:, :3], xm[:, 3:].clamp_(0.0, 1.0))
+                x = x.clamp_(0.0, 1.0)
                 if augmentation is not None:
-                    x = augmentation(x, mask=m)
+                    x = _augment(augmentation, x, m, gen)
                 x = x.clamp_(0.0, 1.0).to(device)
                 y = labels[idx].to(device)
                 feats = adapter.features(x)

@@ -163,3 +163,95 @@ def test_precise_bn_run_scores_with_recalibrated_statistics(tmp_path, tiny):
     assert a.epoch_loss == b.epoch_loss
     assert not np.allclose(la["logit_class0"], lb["logit_class0"])
     assert b.config["precise_bn"] is True
+
+
+def test_mask_travels_with_the_image_through_crop_and_flips(tmp_path):
+    # Images equal to their masks (white cell square on black): after the recipe's random
+    # resized crop and flips, the hook must still see x == mask in every channel.
+    rows = []
+    os.makedirs(tmp_path / "crops")
+    for i in range(16):
+        mask = np.zeros((24, 24), np.uint8)
+        mask[3 + i % 5 : 14 + i % 7, 2 + i % 3 : 20 - i % 4] = 255
+        Image.fromarray(np.repeat(mask[..., None], 3, axis=2)).save(tmp_path / "crops" / f"c{i}.png")
+        Image.fromarray(mask).save(tmp_path / "crops" / f"m{i}.png")
+        rows.append({"id": f"c{i}", "path": f"crops/c{i}.png", "mask": f"crops/m{i}.png", "label": f"k{i % 2}", "parent": f"f{i // 2}"})
+    pd.DataFrame(rows).to_csv(tmp_path / "manifest.csv", index=False)
+    man = str(tmp_path / "manifest.csv")
+    split = parent_split(load_manifest_table(man), 0.25, seed=0)
+    seen = []
+
+    def hook(x, mask=None):
+        seen.append((x.clone(), mask.clone()))
+        return x
+
+    train(man, split, str(tmp_path / "r"), TrainConfig(**FAST), augmentation=hook, progress=False)
+    assert seen
+    for x, m in seen:
+        assert m.shape == (x.shape[0], 1, 24, 24)
+        torch.testing.assert_close(x, m.expand_as(x), atol=1e-6, rtol=0)
+        assert 0 < float(m.mean()) < 1
+
+
+def test_augment_by_registered_name_is_recorded_and_deterministic(tmp_path, tiny):
+    import interventions
+
+    man, split = tiny
+    draws = []
+
+    @interventions.register("_test_brightness")
+    class Brightness(interventions.Intervention):
+        stochastic = True
+
+        def __init__(self, spread: float = 0.1, generator=None):
+            super().__init__(generator)
+            self.spread = spread
+
+        def draw_params(self, x, generator):
+            return {"shift": interventions.base.uniform(-self.spread, self.spread, (x.shape[0], 1, 1, 1), generator, x)}
+
+        def apply(self, x, mask, params, **context):
+            draws.append(params["shift"].flatten().clone())
+            return x + params["shift"]
+
+    try:
+        cfg = TrainConfig(**FAST, seed=5, augment="_test_brightness", augment_params={"spread": 0.2})
+        a = train(man, split, str(tmp_path / "a"), cfg, progress=False)
+        first = list(draws)
+        draws.clear()
+        train(man, split, str(tmp_path / "b"), cfg, progress=False)
+        assert first and all(torch.equal(p, q) for p, q in zip(first, draws))
+        assert float(torch.cat(first).abs().max()) <= 0.2 and float(torch.cat(first).std()) > 0
+        assert a.config["augment"] == "_test_brightness" and a.config["augment_params"] == {"spread": 0.2}
+        la, lb = (pd.read_csv(tmp_path / d / "logits.csv").filter(like="logit_").to_numpy() for d in "ab")
+        assert np.array_equal(la, lb)
+    finally:
+        interventions.unregister("_test_brightness")
+
+
+def test_augment_errors(tmp_path, tiny):
+    man, split = tiny
+    with pytest.raises(ShortcutlabError, match="did you mean 'low_pass'"):
+        train(man, split, str(tmp_path / "a"), TrainConfig(**FAST, augment="lowpass"), progress=False)
+    with pytest.raises(ShortcutlabError, match="without augment"):
+        TrainConfig(**FAST, augment_params={"sigma": 1.0})
+    with pytest.raises(ShortcutlabError, match="not both"):
+        train(man, split, str(tmp_path / "a"), TrainConfig(**FAST, augment="greyscale"), augmentation=lambda x, mask=None: x, progress=False)
+
+
+def test_cli_trains_on_a_synthetic_benchmark_with_an_augmentation(tmp_path, capsys):
+    from shortcutlab.cli import main
+
+    bench = tmp_path / "bench"
+    assert main(["synth", "--out", str(bench), "--fields-per-class", "3", "--crop-size", "16"]) == 0
+    man = str(bench / "manifest.csv")
+    split = str(tmp_path / "split.csv")
+    assert main(["split", man, "--id", "id", "--label", "label", "--parent", "parent", "--protocol", "parent", "--test-fraction", "0.3", "--out", split]) == 0
+    argv = ["train", "--manifest", man, "--split", split, "--epochs", "1", "--batch-size", "16", "--out", str(tmp_path / "run"), "--quiet"]
+    assert main([*argv, "--augment", "low_pass", "--augment-param", "sigma=1.5", "--precise-bn"]) == 0
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["config"]["augment"] == "low_pass" and record["config"]["augment_params"] == {"sigma": 1.5}
+    assert record["config"]["precise_bn"] is True
+    capsys.readouterr()
+    assert main([*argv, "--augment-param", "sigma"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
