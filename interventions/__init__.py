@@ -19,9 +19,32 @@ from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_p
 # Built-ins register themselves on import.
 from .greyscale import Greyscale, greyscale
 from .low_pass import LowPass, low_pass
+from .background import (
+    BackgroundNoise,
+    BackgroundRemoval,
+    BackgroundTransplant,
+    background_noise,
+    background_removal,
+    background_transplant,
+)
+from .illumination import IlluminationFlattening, illumination_flattening
+from .corner_patches import POSITIONS, CornerPatches, corner_patches, patch_boxes, patch_mask_coverage
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "BackgroundNoise",
+    "BackgroundRemoval",
+    "BackgroundTransplant",
+    "CornerPatches",
+    "IlluminationFlattening",
+    "POSITIONS",
+    "background_noise",
+    "background_removal",
+    "background_transplant",
+    "corner_patches",
+    "illumination_flattening",
+    "patch_boxes",
+    "patch_mask_coverage",
     "Greyscale",
     "Intervention",
     "InterventionError",

@@ -19,6 +19,11 @@ B, H, W = 4, 24, 24
 PARAMS: dict[str, dict] = {
     "greyscale": {},
     "low_pass": {"sigma": 1.5},
+    "background_removal": {"fill": "mean"},
+    "background_noise": {},
+    "background_transplant": {"sigma": 3.0},
+    "illumination_flattening": {},
+    "corner_patches": {"position": "top_right", "size": 12},
 }
 
 # Per-batch keyword arguments for label-conditioned interventions: name -> fn(x) -> dict.
