@@ -284,7 +284,9 @@ def cmd_demo(args) -> int:
     summary = run_demo(args.out, cfg)
     print(f"leak/clean factorial on the synthetic benchmark ({summary['minutes']} min)")
     for cond, eff in summary["mean_leak_effect_pp"].items():
-        print(f"  {cond:<45} mean test accuracy {summary['mean_test_accuracy'][cond]:.3f}   leak - clean {eff:+.2f} pp")
+        nsp = summary["mean_leak_effect_no_shared_pixels_pp"][cond]
+        print(f"  {cond:<45} mean test accuracy {summary['mean_test_accuracy'][cond]:.3f}   leak - clean {eff:+.2f} pp "
+              f"(test crops sharing no pixel with leak training crops: {nsp:+.2f} pp)")
     print(f"tables in {args.out}: results.csv (one row per model), effects.csv, summary.json")
     return 0
 
