@@ -50,12 +50,15 @@ class InterventionError(ShortcutlabError):
     """An intervention got input that breaks its contract, or bad parameters."""
 
 
-def check_image(x: torch.Tensor, name: str = "x") -> None:
+def check_image(x: torch.Tensor, name: str = "x") -> tuple[float, float]:
     """Raise `InterventionError` unless x is a float (B, 3, H, W) tensor with values in [0, 1].
 
     Args:
         x: the batch to check.
         name: how the error message refers to the argument.
+
+    Returns:
+        x's (min, max) (one pass over the data; (0, 0) for an empty batch).
     """
     if not isinstance(x, torch.Tensor):
         raise InterventionError(f"{name} must be a torch.Tensor of shape (B, 3, H, W); got {type(x).__name__}")
@@ -65,10 +68,12 @@ def check_image(x: torch.Tensor, name: str = "x") -> None:
     if x.ndim != 4 or x.shape[1] != 3:
         raise InterventionError(f"{name} must have shape (B, 3, H, W); got {tuple(x.shape)}")
     if x.numel() == 0:
-        return
-    lo, hi = float(x.min()), float(x.max())
+        return 0.0, 0.0
+    lo_t, hi_t = torch.aminmax(x)
+    lo, hi = float(lo_t), float(hi_t)
     if not (lo >= -RANGE_TOL and hi <= 1 + RANGE_TOL):  # also catches NaN
         raise InterventionError(f"{name} must hold values in [0, 1]; got min {lo:.4g}, max {hi:.4g}")
+    return lo, hi
 
 
 def check_mask(mask: torch.Tensor, x: torch.Tensor, name: str = "mask") -> torch.Tensor:
@@ -155,7 +160,7 @@ class Intervention(nn.Module):
         Returns:
             (B, 3, H, W) tensor of x's dtype and device with values in [0, 1].
         """
-        check_image(x)
+        lo, hi = check_image(x)
         if mask is not None:
             mask = check_mask(mask, x)
         elif self.requires_mask:
@@ -166,13 +171,17 @@ class Intervention(nn.Module):
             self.last_params = params
         elif params is not None:
             raise InterventionError(f"{self.name or type(self).__name__} is deterministic and takes no params")
-        y = self.apply(x.clamp(0.0, 1.0), mask, params, **context)
+        # Values within RANGE_TOL outside [0, 1] are clamped; in-range input is passed as is.
+        y = self.apply(x if 0.0 <= lo and hi <= 1.0 else x.clamp(0.0, 1.0), mask, params, **context)
         if y.shape != x.shape or y.dtype != x.dtype or y.device != x.device:
             raise RuntimeError(
                 f"{type(self).__name__}.apply broke the contract: returned {tuple(y.shape)} {y.dtype} on {y.device} "
                 f"for input {tuple(x.shape)} {x.dtype} on {x.device}"
             )
-        return y.clamp(0.0, 1.0)
+        # apply() may return its input (or a view of it); never clamp the caller's tensor in place.
+        if y.data_ptr() == x.data_ptr() or y._base is not None:
+            return y.clamp(0.0, 1.0)
+        return y.clamp_(0.0, 1.0) if not y.requires_grad else y.clamp(0.0, 1.0)
 
     def extra_repr(self) -> str:
         flags = [f for f in ("requires_mask", "stochastic", "label_conditioned") if getattr(self, f)]

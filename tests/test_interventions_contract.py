@@ -66,7 +66,9 @@ def test_shape_dtype_device_range(name, dtype, device):
     x, mask = _batch(dtype, device)
     t = _make(name).to(device)
     g = torch.Generator().manual_seed(1) if t.stochastic else None
+    before, mask_before = x.clone(), mask.clone()
     y = _call(t, x, mask, generator=g)
+    assert torch.equal(x, before) and torch.equal(mask, mask_before), "the input batch or mask was modified in place"
     assert y.shape == x.shape and y.dtype == dtype and y.device == x.device
     assert torch.isfinite(y).all()
     assert float(y.min()) >= 0.0 and float(y.max()) <= 1.0
