@@ -19,6 +19,17 @@ from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_p
 # Built-ins register themselves on import.
 from .greyscale import Greyscale, greyscale
 from .low_pass import LowPass, low_pass
+from .reinhard import (
+    Reinhard,
+    ReinhardToField,
+    field_lab_statistics,
+    field_target_tensors,
+    reinhard,
+    reinhard_unseen_field,
+    unseen_field_targets,
+)
+from .hed import HEDJitter, hed_jitter, hed_to_rgb, rgb_to_hed
+from .macenko import StainNormalize, estimate_stains, stain_normalize
 from .background import (
     BackgroundNoise,
     BackgroundRemoval,
@@ -48,7 +59,11 @@ __all__ = [
     "Greyscale",
     "Intervention",
     "InterventionError",
+    "HEDJitter",
     "LowPass",
+    "Reinhard",
+    "ReinhardToField",
+    "StainNormalize",
     "available",
     "check_image",
     "check_mask",
@@ -57,6 +72,16 @@ __all__ = [
     "greyscale",
     "load_entry_points",
     "low_pass",
+    "estimate_stains",
+    "field_lab_statistics",
+    "field_target_tensors",
+    "hed_jitter",
+    "hed_to_rgb",
+    "reinhard",
+    "reinhard_unseen_field",
+    "rgb_to_hed",
+    "stain_normalize",
+    "unseen_field_targets",
     "register",
     "unregister",
 ]

@@ -19,6 +19,10 @@ B, H, W = 4, 24, 24
 PARAMS: dict[str, dict] = {
     "greyscale": {},
     "low_pass": {"sigma": 1.5},
+    "reinhard": {"target_mean": (62.0, 12.0, -8.0), "target_std": (14.0, 6.0, 5.0)},
+    "reinhard_unseen_field": {},
+    "hed_jitter": {"sigma_alpha": 0.05, "sigma_beta": 0.05},
+    "stain_normalize": {},
     "background_removal": {"fill": "mean"},
     "background_noise": {},
     "background_transplant": {"sigma": 3.0},
@@ -27,7 +31,13 @@ PARAMS: dict[str, dict] = {
 }
 
 # Per-batch keyword arguments for label-conditioned interventions: name -> fn(x) -> dict.
-CONTEXT: dict[str, callable] = {}
+CONTEXT: dict[str, callable] = {
+    # per-crop LAB targets, as built from unseen_field_targets + field_lab_statistics
+    "reinhard_unseen_field": lambda x: {
+        "target_mean": torch.tensor([60.0, 10.0, -6.0], dtype=torch.float64).repeat(x.shape[0], 1) + torch.arange(x.shape[0])[:, None],
+        "target_std": torch.tensor([12.0, 5.0, 4.0], dtype=torch.float64).repeat(x.shape[0], 1),
+    },
+}
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 NAMES = interventions.available()

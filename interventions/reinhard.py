@@ -1,0 +1,583 @@
+"""Reinhard colour transfer in CIELAB, and the paper's F2 target policy (an unseen field).
+
+Formula (Reinhard et al. 2001, in CIELAB as in most stain work): per image and per channel
+k in (L*, a*, b*),
+
+    y_k = (x_k - mu_k) / sd_k * sd_tgt_k + mu_tgt_k,
+
+where mu_k and sd_k are the mean and the (population) standard deviation of channel k over
+the image's cell pixels (weighted by the mask; all pixels without a mask, or when a crop's
+mask is empty) and the transfer is applied to every pixel, background included. Units: CIELAB
+with the D65 white and the 2-degree observer, L* in [0, 100], a* and b* roughly in
+[-128, 127]; the input is sRGB in [0, 1] (kornia's `rgb_to_lab` convention, itself
+scikit-image's `rgb2lab`). The result goes back to sRGB and is clamped to [0, 1], so pixels
+pushed out of gamut are clipped and the output's statistics then differ from the target's.
+A channel with zero spread maps to the target mean.
+
+Targets are given directly (`target_mean`, `target_std`: 3 LAB values each) or fitted with
+`Reinhard().fit(images, masks)`, which pools every cell pixel of the given crops (one field,
+say). The label-conditioned variant `ReinhardToField` (registered as
+``reinhard_unseen_field``) takes per-crop targets ``target_mean=(B, 3)``,
+``target_std=(B, 3)`` at call time; `unseen_field_targets` chooses them the way the paper's F2
+did (each test crop gets a field of its own class that no compared training cell has seen) and
+`field_lab_statistics` / `field_target_tensors` turn the chosen fields into target tensors.
+
+Speed: kornia's LAB conversion is the bottleneck (on CPU its `rgb_to_lab` + `lab_to_rgb`
+alone take longer than torchstain's per-image numpy Reinhard): it evaluates both branches of
+every piecewise function with `torch.where` (slow on CPU), allocates a new tensor per step
+and materialises LAB. Here the same formulas, constants and knees run branch-free
+(``max``/``min`` clamps, in place, in two reused buffers), powers are exp2(p log2 t) (half the
+time of float32 `pow`), the statistics come from kornia's intermediate f-space (LAB is an
+affine map of f = (f_x, f_y, f_z), so the per-image LAB mean and variance follow from the mean
+and 3 x 3 covariance of f: batched matrix products), the transfer is one batched 3 x 3 affine
+map of f, and on CPU the batch goes in chunks of about 128K pixels per thread so the buffers
+stay in cache. LAB values equal kornia's `rgb_to_lab` to 1e-12 in float64 and 2e-4 LAB units in
+float32, and `tests/test_interventions_reinhard.py` checks this and the whole transfer against
+a kornia-built reference.
+
+Example:
+    >>> import torch
+    >>> x = torch.rand(2, 3, 16, 16)
+    >>> y = reinhard(x, target_mean=(60.0, 15.0, -10.0), target_std=(12.0, 6.0, 5.0))
+    >>> tuple(y.shape)
+    (2, 3, 16, 16)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .base import Intervention, InterventionError, check_image, check_mask
+from .registry import register
+
+# kornia.color constants (translated there from scikit-image): linear sRGB -> XYZ (D65),
+# its inverse, and the D65 reference white.
+_RGB_TO_XYZ = np.array([[0.412453, 0.357580, 0.180423], [0.212671, 0.715160, 0.072169], [0.019334, 0.119193, 0.950227]])
+_XYZ_TO_RGB = np.array(
+    [
+        [3.2404813432005266, -1.5371515162713185, -0.4985363261688878],
+        [-0.9692549499965682, 1.8759900014898907, 0.0415559265582928],
+        [0.0556466391351772, -0.2040413383665112, 1.0573110696453443],
+    ]
+)
+_WHITE = np.array([0.95047, 1.0, 1.08883])
+# (L*, a*, b*) = _F_TO_LAB @ (f_x, f_y, f_z) + _LAB_OFFSET
+_F_TO_LAB = np.array([[0.0, 116.0, 0.0], [500.0, -500.0, 0.0], [0.0, 200.0, -200.0]])
+_LAB_OFFSET = np.array([-16.0, 0.0, 0.0])
+_LAB_TO_F = np.linalg.inv(_F_TO_LAB)
+_RGB_TO_XYZN = _RGB_TO_XYZ / _WHITE[:, None]  # XYZ already divided by the white
+_XYZN_TO_RGB = _XYZ_TO_RGB * _WHITE[None, :]
+
+# Knees of kornia's piecewise functions.
+_SRGB_KNEE = 0.04045  # sRGB -> linear
+_LAB_KNEE = 0.008856  # XYZ/white -> f
+_F_KNEE = 0.2068966  # f -> XYZ/white
+_LIN_KNEE = 0.0031308  # linear -> sRGB
+# kornia's two branches miss each other at the knees by these gaps (rounded constants); the
+# branch-free forward conversion takes them back below the knee, so that the LAB statistics
+# equal kornia's (the inverse's gaps, below 5e-8, move the output by less than 1e-6).
+_LAB_KNEE_GAP = _LAB_KNEE ** (1.0 / 3.0) - (7.787 * _LAB_KNEE + 4.0 / 29.0)  # 3.3e-7
+_SRGB_KNEE_GAP = ((_SRGB_KNEE + 0.055) / 1.055) ** 2.4 - _SRGB_KNEE / 12.92  # 2.3e-9
+
+LAB_CHANNELS = ("L", "a", "b")
+_STD_EPS = 1e-6  # LAB units; a source spread below this counts as zero
+_CPU_CHUNK_PIXELS = 1 << 17  # pixels per CPU chunk and thread (two float32 buffers of 1.5 MB)
+_POLICY_STREAM = 5  # numpy random stream of unseen_field_targets (splits use 1-4)
+
+
+def _const(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(a, dtype=like.dtype, device=like.device)
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+# ------------------------------------------------------------------ colour conversion
+def _pow_(t: torch.Tensor, p: float) -> torch.Tensor:
+    """t ** p in place for t > 0, as exp2(p log2 t): about half the time of torch's float32
+    `pow` on CPU, and within about 1e-6 relative of it on the clamped ranges used here."""
+    return t.log2_().mul_(p).exp2_()
+
+
+def _srgb_to_f(x: torch.Tensor, out: torch.Tensor | None = None, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, 3, N) sRGB in [0, 1] -> (B, 3, N) f-values of CIELAB (kornia's formulas, branch-free).
+
+    kornia: lin = ((x + 0.055) / 1.055) ** 2.4 above the knee, x / 12.92 below; here
+    ((max(x, k) + 0.055) / 1.055) ** 2.4 + (min(x, k) - k) / 12.92, less the knee gap below it.
+    Fresh CPU allocations of this size cost page faults, so the work happens in two buffers:
+    f is written to `out` and `scratch` is overwritten (both allocated when not given).
+    """
+    k = _SRGB_KNEE
+    a = _pow_(torch.clamp(x, min=k, out=out).add_(0.055).div_(1.055), 2.4)
+    b = torch.clamp(x, max=k, out=scratch).sub_(k)
+    a.add_(b, alpha=1.0 / 12.92)
+    a.add_(b.sign_(), alpha=_SRGB_KNEE_GAP)  # exact below the knee (sign -1), as for f below
+    t = torch.matmul(_const(_RGB_TO_XYZN, x), a, out=b)
+    e = _LAB_KNEE
+    f = _pow_(torch.clamp(t, min=e, out=a), 1.0 / 3.0)
+    # kornia: 7.787 t + 4/29 below the knee = e^(1/3) + 7.787 (t - e) - _LAB_KNEE_GAP
+    low = t.clamp_(max=e).sub_(e)
+    f.add_(low, alpha=7.787)
+    f.add_(low.sign_(), alpha=_LAB_KNEE_GAP)  # sign is -1 below the knee, 0 above
+    return f
+
+
+def _f_to_srgb(f: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, 3, N) f-values -> (B, 3, N) sRGB, not clamped, written to `out`; f is overwritten."""
+    f[:, 2].clamp_(min=0.0)  # kornia: "if color data out of range: Z < 0"
+    k = _F_KNEE
+    t = torch.clamp(f, min=k, out=out).pow_(3)
+    t.add_(f.clamp_(max=k).sub_(k), alpha=1.0 / 7.787)  # kornia: (f - 4/29) / 7.787 below the knee
+    lin = torch.matmul(_const(_XYZN_TO_RGB, f), t, out=f)
+    c = _LIN_KNEE
+    rgb = _pow_(torch.clamp(lin, min=c, out=t), 1.0 / 2.4).mul_(1.055).sub_(0.055)
+    rgb.add_(lin.clamp_(max=c).sub_(c), alpha=12.92)
+    return rgb
+
+
+def rgb_to_lab(x: torch.Tensor) -> torch.Tensor:
+    """sRGB (*, 3, H, W) in [0, 1] -> CIELAB (*, 3, H, W); kornia's `rgb_to_lab`, faster (see above)."""
+    if x.ndim < 3 or x.shape[-3] != 3:
+        raise InterventionError(f"rgb_to_lab expects shape (*, 3, H, W); got {tuple(x.shape)}")
+    dt = _work_dtype(x)
+    x3 = x.to(dt).reshape(-1, 3, x.shape[-2] * x.shape[-1])
+    f = _srgb_to_f(x3)
+    lab = torch.matmul(_const(_F_TO_LAB, f), f).add_(_const(_LAB_OFFSET, f)[:, None])
+    return lab.reshape(x.shape).to(x.dtype)
+
+
+def lab_to_rgb(lab: torch.Tensor) -> torch.Tensor:
+    """CIELAB (*, 3, H, W) -> sRGB in [0, 1]; kornia's `lab_to_rgb` (clip=True) to 1e-5."""
+    if lab.ndim < 3 or lab.shape[-3] != 3:
+        raise InterventionError(f"lab_to_rgb expects shape (*, 3, H, W); got {tuple(lab.shape)}")
+    dt = _work_dtype(lab)
+    l3 = lab.to(dt).reshape(-1, 3, lab.shape[-2] * lab.shape[-1])
+    f = torch.matmul(_const(_LAB_TO_F, l3), l3 - _const(_LAB_OFFSET, l3)[:, None])
+    return _f_to_srgb(f).clamp_(0.0, 1.0).reshape(lab.shape).to(lab.dtype)
+
+
+# ------------------------------------------------------------------ statistics
+def _f_moments(
+    f: torch.Tensor, w: torch.Tensor | None, scratch: torch.Tensor | None = None, scratch2: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weighted moments of f (B, 3, N) with weights w (B, 1, N) or None (`scratch`, `scratch2`:
+    optional buffers like f, overwritten).
+
+    Returns:
+        W (B,) total weight, mean (B, 3, 1), covariance (B, 3, 3) (population, weighted).
+        A crop whose weights sum to 0 uses all its pixels.
+    """
+    B, _, N = f.shape
+    if w is not None:
+        W = w.sum(-1)  # (B, 1)
+        empty = W[:, 0] <= 0
+        if bool(empty.any()):
+            w = torch.where(empty[:, None, None], torch.ones_like(w), w)
+            W = w.sum(-1)
+        mean = torch.bmm(f, w.transpose(1, 2)) / W[:, :, None]
+        d = torch.sub(f, mean, out=scratch)  # two-pass: no cancellation
+        dw = torch.mul(d, w, out=scratch2)
+        cov = torch.bmm(dw, d.transpose(1, 2)) / W[:, :, None]
+        return W[:, 0], mean, cov
+    mean = f.mean(-1, keepdim=True)
+    d = torch.sub(f, mean, out=scratch)
+    cov = torch.bmm(d, d.transpose(1, 2)) / N
+    return f.new_full((B,), float(N)), mean, cov
+
+
+def _lab_moments(
+    f: torch.Tensor, w: torch.Tensor | None, scratch: torch.Tensor | None = None, scratch2: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W (B,), LAB mean (B, 3) and LAB variance (B, 3) over the weighted pixels of f."""
+    W, mean_f, cov = _f_moments(f, w, scratch, scratch2)
+    T = _const(_F_TO_LAB, f)
+    mean = (T @ mean_f)[..., 0] + _const(_LAB_OFFSET, f)
+    var = torch.einsum("ij,bjk,ik->bi", T, cov, T).clamp_(min=0.0)
+    return W, mean, var
+
+
+def _chunk(B: int, HW: int, device: torch.device) -> int:
+    """Crops per chunk: the whole batch on an accelerator; on CPU about _CPU_CHUNK_PIXELS pixels
+    per torch thread, so that the two float buffers stay in cache and are reused instead of
+    page-faulted anew, while each parallel step still has work for every thread."""
+    return B if device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS * torch.get_num_threads() // max(HW, 1)))
+
+
+def _transfer(x: torch.Tensor, w: torch.Tensor | None, tgt_mean: torch.Tensor, tgt_std: torch.Tensor) -> torch.Tensor:
+    """The Reinhard map for a validated batch; targets (B, 3) of x's working dtype."""
+    B, _, H, Wd = x.shape
+    HW = H * Wd
+    x3 = x.reshape(B, 3, HW)
+    w3 = None if w is None else w.reshape(B, 1, HW)
+    out = torch.empty((B, 3, HW), dtype=x.dtype, device=x.device)
+    step = _chunk(B, HW, x.device)
+    buf_a = torch.empty((step, 3, HW), dtype=x.dtype, device=x.device)
+    buf_b = torch.empty_like(buf_a)
+    T, Ti, t0 = _const(_F_TO_LAB, x), _const(_LAB_TO_F, x), _const(_LAB_OFFSET, x)
+    for i in range(0, B, step):
+        j = min(i + step, B)
+        a, b = buf_a[: j - i], buf_b[: j - i]
+        f = _srgb_to_f(x3[i:j].contiguous(), out=a, scratch=b)  # contiguous: a channels-last input
+        # out[i:j] is free until the last step: the weighted deviations go there
+        _, mean, var = _lab_moments(f, None if w3 is None else w3[i:j], scratch=b, scratch2=out[i:j])
+        s = tgt_std[i:j] / var.sqrt().clamp_(min=_STD_EPS)  # (n, 3)
+        o = tgt_mean[i:j] - s * mean
+        # y_lab = s * (T f + t0) + o  <=>  f' = Ti diag(s) T f + Ti (s t0 + o - t0)
+        A = Ti @ (s[:, :, None] * T)
+        c = (s * t0 + o - t0) @ Ti.T
+        f2 = torch.baddbmm(c[:, :, None].expand(j - i, 3, HW), A, f, out=b)
+        _f_to_srgb(f2, out=out[i:j]).clamp_(0.0, 1.0)
+    return out.reshape(x.shape)
+
+
+def _as_target(value: Any, name: str, B: int, like: torch.Tensor, per_sample: bool) -> torch.Tensor:
+    """Validate a target (3,) or (B, 3) and return it as (B, 3) of like's dtype and device."""
+    try:
+        t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise InterventionError(f"{name} must hold numbers (L*, a*, b*); got {value!r}") from None
+    shape = tuple(t.shape)
+    if per_sample:
+        if t.ndim != 2 or shape[1] != 3 or shape[0] not in (1, B):
+            raise InterventionError(f"{name} must have one (L*, a*, b*) row per image, shape (B, 3) = ({B}, 3); got {shape}")
+    elif not (shape == (3,) or (t.ndim == 2 and shape[1] == 3 and shape[0] in (1, B))):
+        raise InterventionError(f"{name} must hold 3 LAB values (L*, a*, b*) or one row per image (B, 3) = ({B}, 3); got shape {shape}")
+    t = t.to(device=like.device, dtype=like.dtype).reshape(-1, 3).expand(B, 3)
+    if not bool(torch.isfinite(t).all()):
+        raise InterventionError(f"{name} must be finite; got {t.tolist()}")
+    if name.endswith("std") and not bool((t > 0).all()):
+        raise InterventionError(f"{name} must be positive (a standard deviation in LAB units); got {t.tolist()}")
+    return t
+
+
+def _run(x, mask, target_mean, target_std, per_sample) -> torch.Tensor:
+    dt = _work_dtype(x)
+    xw = x.to(dt)
+    B = x.shape[0]
+    tm = _as_target(target_mean, "target_mean", B, xw, per_sample)
+    ts = _as_target(target_std, "target_std", B, xw, per_sample)
+    w = None if mask is None else mask.to(dt)
+    return _transfer(xw, w, tm, ts).to(x.dtype)
+
+
+def reinhard(x: torch.Tensor, target_mean, target_std, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Function twin of `Reinhard`: transfer each image's LAB statistics to the target's.
+
+    Args:
+        x: (B, 3, H, W) sRGB in [0, 1].
+        target_mean, target_std: (L*, a*, b*) mean and standard deviation in LAB units, 3
+            values for the whole batch or (B, 3) per image.
+        mask: optional (B, 1, H, W) cell mask; the source statistics are taken over it.
+
+    Returns:
+        (B, 3, H, W) in [0, 1], x's dtype and device.
+    """
+    check_image(x)
+    if mask is not None:
+        mask = check_mask(mask, x)
+    # no input clamp needed: both branches of every knee accept the tolerated overshoot
+    return _run(x, mask, target_mean, target_std, per_sample=False)
+
+
+def reinhard_unseen_field(x: torch.Tensor, target_mean, target_std, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Function twin of `ReinhardToField`: per-image targets ``(B, 3)`` (see `unseen_field_targets`)."""
+    check_image(x)
+    if mask is not None:
+        mask = check_mask(mask, x)
+    return _run(x, mask, target_mean, target_std, per_sample=True)
+
+
+# ------------------------------------------------------------------ fitting targets
+def _as_float_batch(images: torch.Tensor, name: str = "images") -> torch.Tensor:
+    if isinstance(images, torch.Tensor) and images.dtype == torch.uint8:
+        images = images.to(torch.float32).div_(255.0)
+    check_image(images, name)
+    return images.clamp(0.0, 1.0)
+
+
+def _crop_moments(images: torch.Tensor, masks: torch.Tensor | None, batch_size: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-crop LAB moments: weight W (N,), mean (N, 3) and sum of squared deviations M2 (N, 3), float64."""
+    n = len(images)
+    if batch_size is None:
+        batch_size = _chunk(n, images.shape[-2] * images.shape[-1], images.device)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InterventionError(f"batch_size must be a positive integer; got {batch_size!r}")
+    Ws, means, m2s = [], [], []
+    for start in range(0, n, batch_size):
+        x = _as_float_batch(images[start : start + batch_size])
+        m = None if masks is None else check_mask(masks[start : start + batch_size].to(x.device), x, "masks")
+        dt = _work_dtype(x)
+        B, _, H, Wd = x.shape
+        f = _srgb_to_f(x.to(dt).reshape(B, 3, H * Wd))
+        W, mean, var = _lab_moments(f, None if m is None else m.to(dt).reshape(B, 1, H * Wd))
+        W64 = W.double().cpu().numpy()
+        Ws.append(W64)
+        means.append(mean.double().cpu().numpy())
+        m2s.append(var.double().cpu().numpy() * W64[:, None])
+    if not Ws:
+        return np.zeros(0), np.zeros((0, 3)), np.zeros((0, 3))
+    return np.concatenate(Ws), np.concatenate(means), np.concatenate(m2s)
+
+
+def _pool(W: np.ndarray, mean: np.ndarray, M2: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pool per-crop moments by group (Chan et al.'s parallel variance): W, mean, std per group."""
+    Wg = np.bincount(groups, weights=W, minlength=n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mu = np.stack([np.bincount(groups, weights=W * mean[:, k], minlength=n_groups) for k in range(3)], 1) / Wg[:, None]
+        dev = M2 + W[:, None] * (mean - mu[groups]) ** 2
+        var = np.stack([np.bincount(groups, weights=dev[:, k], minlength=n_groups) for k in range(3)], 1) / Wg[:, None]
+    return Wg, mu, np.sqrt(np.maximum(var, 0.0))
+
+
+@register("reinhard")
+class Reinhard(Intervention):
+    """Reinhard colour transfer to fixed target statistics (see the module docstring).
+
+    Args:
+        target_mean: (L*, a*, b*) target mean in LAB units, or None to `fit` it.
+        target_std: (L*, a*, b*) target standard deviation in LAB units, or None to `fit` it.
+
+    Attributes (after `fit`):
+        target_mean_, target_std_: (3,) float64 pooled LAB statistics of the target crops.
+        n_pixels_: the (mask-weighted) number of pixels pooled.
+
+    Example:
+        >>> import torch
+        >>> target = torch.rand(8, 3, 16, 16)
+        >>> t = Reinhard().fit(target)
+        >>> t(torch.rand(2, 3, 16, 16)).shape
+        torch.Size([2, 3, 16, 16])
+    """
+
+    def __init__(self, target_mean: Sequence[float] | None = None, target_std: Sequence[float] | None = None) -> None:
+        super().__init__()
+        if (target_mean is None) != (target_std is None):
+            raise InterventionError("reinhard takes target_mean and target_std together (or neither, then call fit(images, masks))")
+        if target_mean is not None:
+            probe = torch.zeros(1, dtype=torch.float64)
+            _as_target(target_mean, "target_mean", 1, probe, per_sample=False)
+            _as_target(target_std, "target_std", 1, probe, per_sample=False)
+        self.target_mean = target_mean
+        self.target_std = target_std
+
+    def fit(self, images: torch.Tensor, masks: torch.Tensor | None = None, batch_size: int | None = None) -> "Reinhard":
+        """Pool the LAB mean and standard deviation over all cell pixels of `images`.
+
+        Args:
+            images: (N, 3, H, W) uint8 or float in [0, 1] (for example the crops of one field).
+            masks: optional (N, 1, H, W) cell masks; without them all pixels count.
+            batch_size: crops converted at a time (default: about 128K pixels on CPU).
+
+        Returns:
+            self, with `target_mean_`, `target_std_` and `n_pixels_` set.
+        """
+        if not isinstance(images, torch.Tensor) or images.ndim != 4 or len(images) == 0:
+            raise InterventionError(f"fit needs a non-empty (N, 3, H, W) tensor of images; got {getattr(images, 'shape', type(images).__name__)}")
+        W, mean, M2 = _crop_moments(images, masks, batch_size)
+        Wg, mu, sd = _pool(W, mean, M2, np.zeros(len(W), dtype=np.int64), 1)
+        if not (sd[0] > 0).all():
+            raise InterventionError(f"the target crops have no colour spread in some LAB channel (std {sd[0].tolist()}); fit on more varied crops")
+        self.target_mean_ = mu[0]
+        self.target_std_ = sd[0]
+        self.n_pixels_ = float(Wg[0])
+        return self
+
+    def _targets(self):
+        if hasattr(self, "target_mean_"):
+            return self.target_mean_, self.target_std_
+        if self.target_mean is None:
+            raise InterventionError("reinhard has no target: pass target_mean and target_std, or call fit(images, masks) first")
+        return self.target_mean, self.target_std
+
+    def apply(self, x, mask, params, **context):
+        if context:
+            raise InterventionError(f"reinhard takes no per-crop context (got {sorted(context)}); per-crop targets are for 'reinhard_unseen_field'")
+        tm, ts = self._targets()
+        return _run(x, mask, tm, ts, per_sample=False)
+
+    def extra_repr(self) -> str:
+        if hasattr(self, "target_mean_"):
+            return f"target_mean_={np.round(self.target_mean_, 3).tolist()}, target_std_={np.round(self.target_std_, 3).tolist()}"
+        return f"target_mean={self.target_mean}, target_std={self.target_std}"
+
+
+@register("reinhard_unseen_field")
+class ReinhardToField(Intervention):
+    """Reinhard transfer to per-crop targets chosen from the labels (the paper's F2).
+
+    Call it as ``t(x, mask, target_mean=(B, 3), target_std=(B, 3))``, with the LAB statistics of
+    the field that `unseen_field_targets` chose for each crop (`field_lab_statistics` and
+    `field_target_tensors` build them). The target depends on the label, so accuracy after
+    this transfer is a controlled diagnostic, not an unconditional test-time transform.
+    """
+
+    label_conditioned = True
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def apply(self, x, mask, params, target_mean=None, target_std=None, **context):
+        if context:
+            raise InterventionError(f"reinhard_unseen_field takes only target_mean and target_std as context; got also {sorted(context)}")
+        if target_mean is None or target_std is None:
+            raise InterventionError(
+                "reinhard_unseen_field needs per-crop targets: call it as f(x, mask, target_mean=(B, 3), target_std=(B, 3)); "
+                "build them with unseen_field_targets, field_lab_statistics and field_target_tensors"
+            )
+        return _run(x, mask, target_mean, target_std, per_sample=True)
+
+
+# ------------------------------------------------------------------ F2: fields and targets
+def field_lab_statistics(crops, parents: Iterable[str] | None = None, batch_size: int | None = None, device: torch.device | str = "cpu") -> pd.DataFrame:
+    """LAB mean and standard deviation of every field, pooled over its crops' cell pixels.
+
+    Args:
+        crops: a `shortcutlab.data.CropImages` (uint8 images, optional masks, the table).
+        parents: the parents (fields) to describe (default: all of the table's).
+        batch_size: crops converted at a time (default: about 128K pixels on CPU).
+        device: where to compute.
+
+    Returns:
+        A DataFrame indexed by parent name with columns L_mean, a_mean, b_mean, L_std, a_std,
+        b_std (LAB units), n_crops and n_pixels (mask-weighted pixel count).
+
+    Raises:
+        InterventionError: a requested parent is not in the table.
+    """
+    table = crops.table
+    names = np.asarray(table.parents, dtype=object)
+    codes = table.parent_codes
+    if parents is None:
+        want = np.arange(len(names))
+    else:
+        req = [str(p) for p in parents]
+        pos = pd.Index(names).get_indexer(req)
+        if (pos < 0).any():
+            bad = [p for p, i in zip(req, pos) if i < 0][:5]
+            raise InterventionError(f"field_lab_statistics: parent(s) {bad} are not in the table ({len(names)} parents)")
+        want = np.unique(pos)
+    rows = np.flatnonzero(np.isin(codes, want))
+    idx = torch.from_numpy(rows)
+    images = crops.images[idx].to(device)
+    masks = None if crops.masks is None else crops.masks[idx].to(device)
+    W, mean, M2 = _crop_moments(images, masks, batch_size)
+    local = np.searchsorted(want, codes[rows])
+    Wg, mu, sd = _pool(W, mean, M2, local, len(want))
+    out = pd.DataFrame(
+        np.c_[mu, sd], index=pd.Index(names[want].astype(str), name="parent"), columns=[f"{c}_mean" for c in LAB_CHANNELS] + [f"{c}_std" for c in LAB_CHANNELS]
+    )
+    out["n_crops"] = np.bincount(local, minlength=len(want))
+    out["n_pixels"] = Wg
+    return out
+
+
+def field_target_tensors(
+    stats: pd.DataFrame, target_parents: Sequence[str], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-crop targets for `ReinhardToField` from `field_lab_statistics` rows.
+
+    Args:
+        stats: the frame returned by `field_lab_statistics`.
+        target_parents: (B,) chosen field of each crop of a batch (the `target_parent` column
+            of `unseen_field_targets`).
+
+    Returns:
+        target_mean, target_std: (B, 3) tensors in LAB units.
+    """
+    keys = [str(p) for p in np.asarray(target_parents, dtype=object)]
+    pos = stats.index.get_indexer(keys)
+    if (pos < 0).any():
+        bad = sorted({k for k, i in zip(keys, pos) if i < 0})[:5]
+        raise InterventionError(f"no LAB statistics for target field(s) {bad}; compute them with field_lab_statistics(crops, parents=...)")
+    mean = stats[[f"{c}_mean" for c in LAB_CHANNELS]].to_numpy(np.float64)[pos]
+    std = stats[[f"{c}_std" for c in LAB_CHANNELS]].to_numpy(np.float64)[pos]
+    return torch.as_tensor(mean, dtype=dtype, device=device), torch.as_tensor(std, dtype=dtype, device=device)
+
+
+def unseen_field_targets(table, split, cells: Sequence[str] | None = None, seed: int = 0, exclude_sides: Sequence[str] = ("train",)) -> pd.DataFrame:
+    """The F2 target policy: for every test crop, a field of its class no compared cell trained on.
+
+    A field (parent) qualifies for a test crop of class c when it holds at least one crop of
+    class c, is not the crop's own parent, and gave no crop to the `exclude_sides` (training,
+    by default) of any of the compared `cells`. Among the qualifying fields one is drawn
+    uniformly, independently per crop, from ``numpy.random.default_rng([seed, 5])`` in crop-id
+    order, so the choice depends only on the table, the split, the cells and the seed. With
+    mixed-class parents (CRIC), a field qualifies for every class it holds.
+
+    Args:
+        table: the `shortcutlab.table.CropTable` the split was made from.
+        split: a `shortcutlab.manifest.SplitManifest`.
+        cells: the cells being compared (default: all of the manifest's; for a factorial all of
+            `shortcutlab.splits.FACTORIAL_CELLS`). Test crops are those on the test side of any.
+        seed: non-negative integer.
+        exclude_sides: sides whose parents count as seen: ("train",) or ("train", "val").
+
+    Returns:
+        A DataFrame, one row per test crop in id order, with columns id, label, parent and
+        target_parent.
+
+    Raises:
+        InterventionError: some class has no qualifying field for some test crop (the message
+            names the class), or the cells hold no test crop.
+    """
+    from shortcutlab.audit import side_codes
+    from shortcutlab.manifest import SIDES
+
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise InterventionError(f"seed must be a non-negative integer; got {seed!r}")
+    exclude = tuple(exclude_sides)
+    if not exclude or any(s not in ("train", "val") for s in exclude):
+        raise InterventionError(f"exclude_sides must name 'train' and optionally 'val'; got {exclude!r}")
+    cells = tuple(split.cells) if cells is None else tuple(cells)
+    if not cells:
+        raise InterventionError("unseen_field_targets needs at least one cell to compare")
+    pc, labels = table.parent_codes, table.label_codes
+    P, C = table.n_parents, table.n_classes
+    seen = np.zeros(P, dtype=bool)
+    test = np.zeros(table.n_crops, dtype=bool)
+    for name in cells:
+        side = side_codes(table, split.cell(name or None))
+        for s in exclude:
+            seen[pc[side == SIDES.index(s)]] = True
+        test |= side == SIDES.index("test")
+    where = "the split" if cells == ("",) else f"cell(s) {list(cells)}"
+    if not test.any():
+        raise InterventionError(f"{where} hold(s) no test crop")
+    holds = table.class_counts_per_unit("parent") > 0  # (P, C)
+    rng = np.random.default_rng([int(seed), _POLICY_STREAM])
+    test_idx = np.flatnonzero(test)
+    u = rng.random(len(test_idx))
+    target = np.empty(len(test_idx), dtype=np.int64)
+    for c in range(C):
+        sel = np.flatnonzero(labels[test_idx] == c)
+        if not len(sel):
+            continue
+        K = np.flatnonzero(holds[:, c] & ~seen)
+        own = pc[test_idx[sel]]
+        pos = np.searchsorted(K, own)
+        own_in = (pos < len(K)) & (K[np.minimum(pos, max(len(K) - 1, 0))] == own) if len(K) else np.zeros(len(sel), dtype=bool)
+        n_avail = len(K) - own_in.astype(np.int64)
+        if (n_avail <= 0).any():
+            bad = table.ids[test_idx[sel[n_avail <= 0]]]
+            only = f"; its only one is the crop's own parent {table.parents[K[0]]!r}" if len(K) == 1 else ""
+            raise InterventionError(
+                f"class {table.classes[c]!r} has no field unseen by the {'/'.join(exclude)} side of {where}{only}, "
+                f"so {int((n_avail <= 0).sum())} test crop(s) of that class (e.g. {list(map(str, bad[:3]))}) get no F2 target; "
+                "the transfer needs at least one left-out field of every class"
+            )
+        r = np.minimum(np.floor(u[sel] * n_avail).astype(np.int64), n_avail - 1)
+        r += (own_in & (r >= pos)).astype(np.int64)
+        target[sel] = K[r]
+    return pd.DataFrame(
+        {
+            "id": table.ids[test_idx],
+            "label": np.asarray(table.classes, dtype=object)[labels[test_idx]],
+            "parent": table.parents[pc[test_idx]],
+            "target_parent": table.parents[target],
+        }
+    )

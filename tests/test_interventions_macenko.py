@@ -1,0 +1,148 @@
+"""Macenko stain normalisation (F6): stain recovery, agreement with torchstain, not-applicable crops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from interventions import InterventionError, StainNormalize, estimate_stains, stain_normalize
+from interventions.hed import RGB_FROM_HED
+from interventions.macenko import DEFAULT_IO, OD_OFFSET, REFERENCE_STAIN_MATRIX, _masked_percentiles
+
+skdata = pytest.importorskip("skimage.data")
+
+H_VEC = RGB_FROM_HED[0] / np.linalg.norm(RGB_FROM_HED[0])
+E_VEC = RGB_FROM_HED[1] / np.linalg.norm(RGB_FROM_HED[1])
+
+
+def _he_tile(seed: int = 0, size: int = 64) -> np.ndarray:
+    """A synthetic 8-bit H&E tile with known stains (scikit-image's Ruifrok H and E vectors).
+
+    A quarter of the pixels is pure haematoxylin, a quarter pure eosin, the rest mixtures, a
+    fifth of all is near-white background; OD = density * (f h + (1 - f) e) + noise, and the
+    image is Io exp(-OD) - 1/255 (the inverse of the OD convention), rounded to uint8.
+    """
+    rng = np.random.default_rng(seed)
+    d = rng.uniform(0.3, 1.5, (size, size))
+    f = rng.uniform(0, 1, (size, size))
+    u = rng.random((size, size))
+    f[u < 0.25], f[u > 0.75] = 1.0, 0.0
+    od = d[..., None] * (f[..., None] * H_VEC + (1 - f[..., None]) * E_VEC) + rng.normal(0, 0.004, (size, size, 3))
+    bg = rng.random((size, size)) < 0.2
+    od[bg] = rng.uniform(0, 0.05, (int(bg.sum()), 3))
+    x = np.clip(DEFAULT_IO * np.exp(-od) - OD_OFFSET, 0, 1)
+    return (x * 255).round().astype(np.uint8)
+
+
+def _to_batch(*imgs: np.ndarray, dtype=torch.float64) -> torch.Tensor:
+    return torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).to(dtype).div(255.0).contiguous()
+
+
+@pytest.fixture(scope="module")
+def ihc_tiles() -> np.ndarray:
+    ihc = skdata.immunohistochemistry()
+    return np.stack([ihc[i : i + 64, j : j + 64] for i in (0, 192, 384) for j in (64, 320)])
+
+
+def _cosines(stain_matrix: torch.Tensor, reference: np.ndarray) -> np.ndarray:
+    return (stain_matrix.double().numpy() * reference).sum(0)  # columns are unit vectors
+
+
+def test_masked_percentiles_equal_numpys():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(6, 301, generator=g, dtype=torch.float64)
+    valid = torch.rand(6, 301, generator=g) < torch.linspace(0.05, 1.0, 6)[:, None]
+    got = _masked_percentiles(v, valid, (1.0, 37.5, 99.0))
+    for r in range(6):
+        np.testing.assert_allclose(got[r].numpy(), np.percentile(v[r][valid[r]].numpy(), [1.0, 37.5, 99.0]), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(_masked_percentiles(v, None, (99.0,))[:, 0].numpy(), np.percentile(v.numpy(), 99.0, axis=1), atol=1e-12)
+
+
+def test_estimate_recovers_the_stains_of_an_he_tile():
+    x = _to_batch(_he_tile(0), _he_tile(1))
+    # beta 0.05: pure eosin has little red OD, so the default 0.15 keeps only its densest pixels
+    est = estimate_stains(x, beta=0.05)
+    assert est.applicable.all()
+    for b in range(2):
+        assert (_cosines(est.stain_matrix[b], np.stack([H_VEC, E_VEC], 1)) > 0.999).all()
+    default = estimate_stains(x)
+    assert (_cosines(default.stain_matrix[0], np.stack([H_VEC, E_VEC], 1)) > 0.98).all()
+
+
+def test_normalised_output_has_the_reference_stains(ihc_tiles):
+    x = torch.cat([_to_batch(_he_tile(2)), _to_batch(*ihc_tiles[:3])])
+    y, ok = stain_normalize(x, return_applicable=True)
+    assert ok.all()
+    again = estimate_stains(y)  # re-estimated with our own function
+    for b in range(len(x)):
+        cos = _cosines(again.stain_matrix[b], REFERENCE_STAIN_MATRIX)
+        assert (cos > 0.99).all(), f"crop {b}: cosines {cos}"
+
+
+def test_batch_equals_one_crop_at_a_time(ihc_tiles):
+    x = _to_batch(*ihc_tiles[:4, ::2, ::2], dtype=torch.float32)
+    y = stain_normalize(x)
+    for b in range(4):
+        torch.testing.assert_close(y[b : b + 1], stain_normalize(x[b : b + 1]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_agrees_with_torchstain(ihc_tiles, backend):
+    """torchstain returns Io exp(-OD') without taking the 1/255 offset back and truncates to
+    uint8, so on the same 8-bit input its output is 0 to 1/255 above ours; its torch backend
+    takes nearest-rank percentiles (numpy's and ours interpolate), which moves a few pixels by
+    up to another 0.5/255."""
+    torchstain = pytest.importorskip("torchstain")
+    imgs = [_he_tile(3)] + list(ihc_tiles[3:6])
+    ours = stain_normalize(_to_batch(*imgs)).permute(0, 2, 3, 1).numpy()
+    tol = 0.02 if backend == "numpy" else 0.5
+    for b, img in enumerate(imgs):
+        norm = torchstain.normalizers.MacenkoNormalizer(backend=backend)
+        inp = img if backend == "numpy" else torch.from_numpy(img).permute(2, 0, 1)
+        ref = np.asarray(norm.normalize(I=inp, stains=False)[0], dtype=np.float64) / 255
+        d = (ref - ours[b]) * 255
+        assert d.min() >= -tol and d.max() <= 1 + tol, f"crop {b}: torchstain - ours in [{d.min():.3f}, {d.max():.3f}] / 255"
+
+
+def test_fit_equals_torchstains_fit_and_self_normalisation_is_identity():
+    torchstain = pytest.importorskip("torchstain")
+    img = _he_tile(4)
+    ts = torchstain.normalizers.MacenkoNormalizer(backend="numpy")
+    ts.fit(img)
+    t = StainNormalize().fit(torch.from_numpy(img).permute(2, 0, 1)[None])  # uint8 accepted
+    np.testing.assert_allclose(t.stain_matrix_, ts.HERef, atol=1e-6)
+    np.testing.assert_allclose(t.max_conc_, ts.maxCRef, rtol=1e-6)
+    # normalising the fitted image to itself changes only what lies off the stain plane
+    x = _to_batch(img)
+    y = t(x)
+    assert (y - x).abs().max() < 0.05 and (y - x).abs().mean() < 0.005
+
+
+def test_background_only_crop_is_not_applicable_and_unchanged(ihc_tiles):
+    x = _to_batch(ihc_tiles[0], ihc_tiles[1], dtype=torch.float32)
+    white = torch.full((1, 3, 64, 64), 0.96) + 0.02 * torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    batch = torch.cat([x[:1], white, x[1:]])
+    y, ok = stain_normalize(batch, return_applicable=True)
+    assert ok.tolist() == [True, False, True]
+    assert torch.equal(y[1], batch[1])
+    torch.testing.assert_close(y[[0, 2]], stain_normalize(x), rtol=0, atol=1e-6)
+    t = StainNormalize()
+    assert torch.equal(t(white), white) and t.last_applicable.tolist() == [False]
+    # a cell mask restricts the estimate: an empty mask leaves nothing to estimate from
+    mask = torch.zeros(3, 1, 64, 64)
+    mask[0] = 1
+    _, ok = stain_normalize(batch, mask, return_applicable=True)
+    assert ok.tolist() == [True, False, False]
+
+
+def test_errors():
+    x = torch.rand(1, 3, 8, 8)
+    with pytest.raises(InterventionError, match="stain_matrix"):
+        stain_normalize(x, stain_matrix=np.ones((2, 3)))
+    with pytest.raises(InterventionError, match="max_conc"):
+        StainNormalize(max_conc=(1.0, -1.0))
+    with pytest.raises(InterventionError, match="alpha"):
+        StainNormalize(alpha=50)
+    with pytest.raises(InterventionError, match="no stain estimate"):
+        StainNormalize().fit(torch.full((2, 3, 8, 8), 0.97))
