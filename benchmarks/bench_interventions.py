@@ -1,0 +1,231 @@
+"""Benchmark the batched colour/stain interventions against per-image reference implementations.
+
+Goals (issue 4, 256 crops of 64 x 64 on CPU): `reinhard` at least 5x torchstain's
+ReinhardNormalizer, `hed_jitter` at least 2x scikit-image's rgb2hed + hed2rgb round trip,
+`stain_normalize` at least 5x torchstain's MacenkoNormalizer (numpy and torch backends).
+
+Crops are tiles of scikit-image's immunohistochemistry image (haematoxylin + DAB, 512 x 512,
+shipped with scikit-image), so that Macenko finds tissue: at 64 x 64 its 64 tiles and their
+flips, at 224 x 224 random windows with flips. Each intervention module runs on a batch of
+--batch crops (one call; Reinhard with a disc cell mask, like a cell crop, the others without),
+best of --repeats, as a module (what a sweep calls: its forward also copies and clamps) and as
+the function twin; the per-image anchors loop over --anchor-crops crops (their time is linear
+in the number of crops, so crops/s carry over) in the same run:
+
+- torchstain ReinhardNormalizer (numpy, torch), fitted on a target tile, ``normalize(I)``;
+- torchstain MacenkoNormalizer (numpy, torch), fitted on a target tile, ``normalize(I=..., stains=False)``;
+- scikit-image ``hed2rgb(rgb2hed(x))``;
+- and, to show that kornia's LAB conversion is what a naive batched Reinhard spends its time
+  on, the same batched transfer written with ``kornia.color.rgb_to_lab`` / ``lab_to_rgb``
+  (all --batch crops, one call).
+
+``illumination_flattening`` is timed when it is registered (no anchor). With CUDA, the
+interventions are timed on the GPU too (anchors stay on the CPU). The table shows crops/s from
+wall time and from this process's CPU time; on a shared machine the CPU-time figures are
+steadier, and ``--threads 1`` keeps torch's worker threads from waiting on a busy core. The
+ratios compare against the anchor of the same row group. Timings are reported, never asserted.
+
+    python benchmarks/bench_interventions.py              # 256 crops at 64 and 224 px
+    python benchmarks/bench_interventions.py --quick      # 64 px only, fewer repeats
+    python benchmarks/bench_interventions.py --threads 1   # steadier on a shared machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+try:
+    import interventions
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+    import interventions
+
+
+def numpy_reference_ms() -> float:
+    """Best time of a fixed float32 workload (exp and multiply over 10 M values), ms."""
+    x = np.linspace(0.0, 1.0, 10_000_000, dtype=np.float32)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        y = np.exp(x)
+        y *= x
+        best = min(best, time.perf_counter() - t)
+    return 1e3 * best
+
+
+def ihc_crops(n: int, size: int, seed: int = 0) -> np.ndarray:
+    """(n, size, size, 3) uint8 crops of scikit-image's IHC image (tiles and flips, or windows)."""
+    from skimage.data import immunohistochemistry
+
+    img = immunohistochemistry()
+    rng = np.random.default_rng(seed)
+    if size <= 64:
+        s = img.shape[0] // size
+        tiles = [img[i * size : (i + 1) * size, j * size : (j + 1) * size] for i in range(s) for j in range(s)]
+        base = np.stack(tiles + [t[::-1] for t in tiles] + [t[:, ::-1] for t in tiles] + [t[::-1, ::-1] for t in tiles])
+        return np.ascontiguousarray(base[np.arange(n) % len(base)])
+    ys = rng.integers(0, img.shape[0] - size + 1, n)
+    xs = rng.integers(0, img.shape[1] - size + 1, n)
+    out = np.stack([img[y : y + size, x : x + size] for y, x in zip(ys, xs)])
+    flip = rng.random(n) < 0.5
+    out[flip] = out[flip, ::-1]
+    return np.ascontiguousarray(out)
+
+
+def disc_masks(n: int, size: int) -> torch.Tensor:
+    yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    r2 = (yy - size / 2 + 0.5) ** 2 + (xx - size / 2 + 0.5) ** 2
+    return (r2 < (size / 3) ** 2).expand(n, 1, size, size).contiguous()
+
+
+def best_of(repeats: int, fn: Callable, sync: Callable = lambda: None) -> tuple[float, float]:
+    """Best wall and best process-CPU seconds of `repeats` calls of `fn`."""
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        sync()
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        sync()
+        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+    return wall, cpu
+
+
+def anchors(crops: np.ndarray, target: np.ndarray, n: int, repeats: int) -> dict[str, tuple[float, float, int]]:
+    """Per-image references: name -> (wall s, cpu s, crops timed)."""
+    out: dict[str, tuple[float, float, int]] = {}
+    sub = crops[:n]
+    sub_t = [torch.from_numpy(c).permute(2, 0, 1).contiguous() for c in sub]
+    target_t = torch.from_numpy(target).permute(2, 0, 1).contiguous()
+    try:
+        import torchstain
+    except ImportError:
+        print("  (torchstain not installed: its anchors are skipped; pip install torchstain)")
+        torchstain = None
+    if torchstain is not None:
+        for backend, inputs, tgt in (("numpy", list(sub), target), ("torch", sub_t, target_t)):
+            r = torchstain.normalizers.ReinhardNormalizer(backend=backend)
+            r.fit(tgt)
+            out[f"torchstain Reinhard ({backend})"] = (*best_of(repeats, lambda: [r.normalize(i) for i in inputs]), n)
+            m = torchstain.normalizers.MacenkoNormalizer(backend=backend)
+            m.fit(tgt)
+            out[f"torchstain Macenko ({backend})"] = (*best_of(repeats, lambda: [m.normalize(I=i, stains=False) for i in inputs]), n)
+    from skimage.color import hed2rgb, rgb2hed
+
+    out["skimage rgb2hed + hed2rgb"] = (*best_of(repeats, lambda: [hed2rgb(rgb2hed(c)) for c in sub]), n)
+    # the same batched Reinhard written with kornia's own conversions: shows what they cost
+    x = torch.from_numpy(crops).permute(0, 3, 1, 2).float().div(255.0).contiguous()
+    out["kornia-LAB Reinhard (batched)"] = (*best_of(repeats, lambda: kornia_reinhard(x)), len(x))
+    return out
+
+
+def kornia_reinhard(x: torch.Tensor) -> torch.Tensor:
+    """Batched Reinhard through kornia.color (all pixels, fixed target), for comparison."""
+    from kornia.color import lab_to_rgb, rgb_to_lab
+
+    lab = rgb_to_lab(x)
+    mu = lab.mean((2, 3), keepdim=True)
+    sd = lab.std((2, 3), keepdim=True, unbiased=False)
+    tm = torch.tensor([62.0, 12.0, -8.0]).view(1, 3, 1, 1)
+    ts = torch.tensor([14.0, 6.0, 5.0]).view(1, 3, 1, 1)
+    return lab_to_rgb((lab - mu) / sd * ts + tm)
+
+
+def ours(x: torch.Tensor, mask: torch.Tensor, repeats: int, sync: Callable) -> dict[str, tuple[float, float, int]]:
+    out: dict[str, tuple[float, float, int]] = {}
+    n = len(x)
+    reinhard = interventions.get("reinhard", target_mean=(62.0, 12.0, -8.0), target_std=(14.0, 6.0, 5.0))
+    hed = interventions.get("hed_jitter", generator=torch.Generator().manual_seed(0))
+    macenko = interventions.get("stain_normalize")
+    reinhard(x[:2], mask[:2]), hed(x[:2]), macenko(x[:2])  # warm-up
+    out["reinhard"] = (*best_of(repeats, lambda: reinhard(x, mask), sync), n)
+    out["hed_jitter"] = (*best_of(repeats, lambda: hed(x), sync), n)
+    out["stain_normalize"] = (*best_of(repeats, lambda: macenko(x), sync), n)
+    # the function twins skip the module's input copy and output clamp
+    tm, ts = (62.0, 12.0, -8.0), (14.0, 6.0, 5.0)
+    out["reinhard twin"] = (*best_of(repeats, lambda: interventions.reinhard(x, tm, ts, mask=mask), sync), n)
+    out["hed_jitter twin"] = (*best_of(repeats, lambda: interventions.hed_jitter(x, generator=torch.Generator().manual_seed(0)), sync), n)
+    out["stain_normalize twin"] = (*best_of(repeats, lambda: interventions.stain_normalize(x), sync), n)
+    if "illumination_flattening" in interventions.available():
+        flat = interventions.get("illumination_flattening")
+        flat(x[:2], mask[:2])
+        out["illumination_flattening"] = (*best_of(repeats, lambda: flat(x, mask), sync), n)
+    return out
+
+
+GROUPS = (
+    ("reinhard", ("torchstain Reinhard (numpy)", "torchstain Reinhard (torch)", "kornia-LAB Reinhard (batched)")),
+    ("hed_jitter", ("skimage rgb2hed + hed2rgb",)),
+    ("stain_normalize", ("torchstain Macenko (numpy)", "torchstain Macenko (torch)")),
+    ("illumination_flattening", ()),
+)
+GOALS = {"reinhard": 5.0, "hed_jitter": 2.0, "stain_normalize": 5.0}
+
+
+def report(size: int, device: str, mine: dict, refs: dict) -> None:
+    print(f"\n{size} x {size} crops, interventions on {device}")
+    print(f"  {'method':34s} {'crops':>6s} {'crops/s':>9s} {'(cpu)':>9s}   ratio module/anchor (wall, cpu)")
+    for name, anchor_names in GROUPS:
+        if name not in mine:
+            if name == "illumination_flattening":
+                print("  illumination_flattening: not registered yet, skipped")
+            continue
+        w, c, n = mine[name]
+        print(f"  {name + ' (module)':34s} {n:6d} {n / w:9.0f} {n / max(c, 1e-9):9.0f}")
+        if name + " twin" in mine:
+            tw, tc, _ = mine[name + " twin"]
+            print(f"  {name + ' (function twin)':34s} {n:6d} {n / tw:9.0f} {n / max(tc, 1e-9):9.0f}")
+        for a in anchor_names:
+            if a not in refs:
+                continue
+            aw, ac, an = refs[a]
+            rw, rc = (n / w) / (an / aw), (n / max(c, 1e-9)) / (an / max(ac, 1e-9))
+            goal = GOALS.get(name) if a.startswith(("torchstain", "skimage")) else None
+            flag = "" if goal is None else ("   (goal >= %.0fx %s)" % (goal, "met" if min(rw, rc) >= goal else ("met on cpu time" if rc >= goal else "NOT met")))
+            print(f"    vs {a:30s} {an:6d} {an / aw:9.0f} {an / max(ac, 1e-9):9.0f}   {rw:5.1f}x  {rc:5.1f}x{flag}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=256, help="crops per intervention call")
+    ap.add_argument("--sizes", default="64,224", help="crop sizes in pixels, comma-separated")
+    ap.add_argument("--anchor-crops", type=int, default=64, help="crops the per-image anchors loop over")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--quick", action="store_true", help="64 px only, 2 repeats, 16 anchor crops")
+    args = ap.parse_args()
+    if args.quick:
+        args.sizes, args.repeats, args.anchor_crops = "64", 2, 16
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"{os.cpu_count()} CPUs (load average {load:.1f}), torch {torch.__version__} with {torch.get_num_threads()} threads; "
+        f"numpy reference workload {numpy_reference_ms():.1f} ms (lower = faster machine)"
+    )
+    if torch.get_num_threads() > 1 and load >= (os.cpu_count() or 1):
+        print("  note: the CPUs are busy; every parallel torch step then waits for a descheduled thread, so")
+        print("  torch code (ours and torchstain's torch backend) slows down a lot: compare with --threads 1")
+    print(f"registered: {', '.join(interventions.available())}")
+    for size in sizes:
+        crops = ihc_crops(args.batch, size)
+        target = ihc_crops(1, size, seed=99)[0]
+        x = torch.from_numpy(crops).permute(0, 3, 1, 2).float().div(255.0).contiguous()
+        mask = disc_masks(len(x), size)
+        refs = anchors(crops, target, min(args.anchor_crops, args.batch), args.repeats)
+        report(size, "cpu", ours(x, mask, args.repeats, lambda: None), refs)
+        if torch.cuda.is_available():
+            xc, mc = x.cuda(), mask.cuda()
+            report(size, "cuda", ours(xc, mc, args.repeats, torch.cuda.synchronize), refs)
+
+
+if __name__ == "__main__":
+    main()
