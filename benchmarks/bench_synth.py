@@ -29,23 +29,13 @@ import time
 
 import numpy as np
 
+from _machine import numpy_reference_ms  # benchmarks/ is on sys.path when a script runs
+
 try:
     from shortcutlab.synth import SynthConfig, synthesize, write_synth
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
     from shortcutlab.synth import SynthConfig, synthesize, write_synth
-
-
-def numpy_reference_ms() -> float:
-    """Best time of a fixed float32 workload (exp and multiply over 10 M values), ms."""
-    x = np.linspace(0.0, 1.0, 10_000_000, dtype=np.float32)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        y = np.exp(x)
-        y *= x
-        best = min(best, time.perf_counter() - t)
-    return 1e3 * best
 
 
 def pillow_write(data, out: str) -> None:
