@@ -568,7 +568,8 @@ def unseen_field_targets(table, split, cells: Sequence[str] | None = None, seed:
             raise InterventionError(
                 f"class {table.classes[c]!r} has no field unseen by the {'/'.join(exclude)} side of {where}{only}, "
                 f"so {int((n_avail <= 0).sum())} test crop(s) of that class (e.g. {list(map(str, bad[:3]))}) get no F2 target; "
-                "the transfer needs at least one left-out field of every class"
+                "the transfer needs at least one left-out field of every class (for a factorial, build it with "
+                "reserve_parent_share > 0, CLI --reserve-parent-share)"
             )
         r = np.minimum(np.floor(u[sel] * n_avail).astype(np.int64), n_avail - 1)
         r += (own_in & (r >= pos)).astype(np.int64)

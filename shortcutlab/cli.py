@@ -137,6 +137,8 @@ def cmd_split(args) -> int:
         if args.n_per_class:
             params["n_per_class"] = args.n_per_class
         params["allocation"] = args.allocation
+        if args.reserve_parent_share:
+            params["reserve_parent_share"] = args.reserve_parent_share
     if p == "ladder" and args.levels:
         params["levels"] = [float(x) for x in args.levels.split(",")]
     manifest = make_split(table, p, **params)
@@ -319,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-distance", type=int, default=4, help="parent-dedup: Hamming threshold in bits (default 4)")
     s.add_argument("--test-parent-share", type=float, default=0.3, help="factorial: share of multi-crop parents giving half their crops to test")
     s.add_argument("--diversity-contrast", type=float, default=1.43, help="factorial: parents in the high over the low level")
+    s.add_argument("--reserve-parent-share", type=float, default=0.0, metavar="R",
+                   help="factorial: share of non-test parents kept out of every cell (unseen fields for F2 colour transfer)")
     s.add_argument("--n-per-class", type=int, help="factorial: training crops per class, of the largest class with proportional allocation (default: the most every cell allows)")
     s.add_argument("--allocation", choices=("balanced", "proportional"), default="balanced", help="factorial: equal crops per class (default) or the table's class shares")
     s.add_argument("--levels", help="ladder: comma-separated crossing shares (default 0,0.25,0.5,0.75,1)")

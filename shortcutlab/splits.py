@@ -525,6 +525,7 @@ def factorial_split(
     n_per_class: int | None = None,
     allocation: str = "balanced",
     test_fraction: float | None = None,
+    reserve_parent_share: float = 0.0,
 ) -> SplitManifest:
     """The leak/clean x diversity factorial of the main paper (H3).
 
@@ -551,11 +552,17 @@ def factorial_split(
             parents) or 'proportional' (class shares of the table; needed when parents mix
             classes, as in CRIC, and a rare class cannot cover every parent).
         test_fraction: accepted for CLI symmetry; the test size follows from test_parent_share.
+        reserve_parent_share: share of the non-test parents of each dominant class kept out of
+            every cell (in no row of the manifest), so that fields no model has seen remain:
+            the targets of the paper's F2 colour transfer (`interventions.unseen_field_targets`).
+            0 (the default) leaves the design, and its hash, as without the option.
     """
     if not 0.0 < test_parent_share < 1.0:
         raise SplitError(f"test_parent_share must lie in (0, 1), got {test_parent_share}")
     if diversity_contrast < 1.0:
         raise SplitError(f"diversity_contrast must be >= 1, got {diversity_contrast}")
+    if not 0.0 <= reserve_parent_share < 1.0:
+        raise SplitError(f"reserve_parent_share must lie in [0, 1), got {reserve_parent_share}")
     rng = _rng(seed, _FACTORIAL)
     N, C, P = table.n_crops, table.n_classes, table.n_parents
     crop_parent, labels = table.parent_codes, table.label_codes
@@ -592,6 +599,14 @@ def factorial_split(
 
     others = np.flatnonzero(~is_test_parent)
     others = others[rng.permutation(len(others))]
+    # Reserved parents are the first of each class in the same permutation (no extra draw, so
+    # the default design is unchanged).
+    keep = np.ones(len(others), dtype=bool)
+    for c in range(C):
+        pos = np.flatnonzero(dom[others] == c)
+        keep[pos[: int(round(reserve_parent_share * len(pos)))]] = False
+    reserved = np.sort(others[~keep])
+    others = others[keep]
     avail = ~test
     if allocation not in ("balanced", "proportional"):
         raise SplitError(f"allocation must be 'balanced' or 'proportional', got {allocation!r}")
@@ -645,6 +660,8 @@ def factorial_split(
             "train_crops_per_class": {c: int(t) for c, t in zip(table.classes, targets)},
         }
     )
+    if reserve_parent_share > 0:
+        report["n_reserved_parents"] = int(len(reserved))
     frames = []
     ids = table.ids
     for name in FACTORIAL_CELLS:
@@ -658,6 +675,8 @@ def factorial_split(
         "allocation": allocation,
         "unit": "crop (factorial)",
     }
+    if reserve_parent_share > 0:
+        params["reserve_parent_share"] = float(reserve_parent_share)
     return SplitManifest(pd.concat(frames, ignore_index=True), protocol="factorial", params=params, report=report)
 
 

@@ -285,3 +285,39 @@ def test_parent_split_class_shares_track_q_for_single_class_parents(df):
         biggest = t.parent_sizes[np.unique(t.parent_codes[in_c])].max()
         # Each class is within two of its largest parents of the target.
         assert abs((s[in_c] == 2).mean() - 0.2) <= 2 * biggest / in_c.sum() + 1e-9
+
+
+def test_factorial_reserve_keeps_unseen_fields_and_leaves_the_default_design_alone():
+    from shortcutlab.audit import side_codes
+    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.synth import SynthConfig, synthesize
+
+    import interventions
+
+    table = _crops_from_synth(synthesize(SynthConfig(seed=0, fields_per_class=100, crop_size=32, mechanisms="none"))).table
+    default = factorial_split(table, seed=0, test_parent_share=0.3, diversity_contrast=1.43)
+    # The demo's factorial of seed 0 had this hash before the option existed (README runs).
+    assert default.hash.startswith("6a5c85d5dd0cae59")
+    split = factorial_split(table, seed=0, test_parent_share=0.3, diversity_contrast=1.43, reserve_parent_share=0.2)
+    used = np.zeros(table.n_parents, dtype=bool)
+    test_parents = np.zeros(table.n_parents, dtype=bool)
+    for cell in split.cells:
+        side = side_codes(table, split.cell(cell))
+        used[table.parent_codes[side >= 0]] = True
+        test_parents[table.parent_codes[side == 2]] = True
+    reserved = ~used
+    assert split.report["n_reserved_parents"] == int(reserved.sum())
+    # about a fifth of the non-test parents of every class
+    dom = np.argmax(table.class_counts_per_unit("parent"), axis=1)
+    for c in range(table.n_classes):
+        share = reserved[dom == c].sum() / ((dom == c) & ~test_parents).sum()
+        assert 0.17 < share < 0.23
+    assert split.report["cells"]["leak-high"]["n_crops"] == split.report["cells"]["clean-high"]["n_crops"]
+    # F2 now finds targets for every test crop, all among the reserved fields
+    targets = interventions.unseen_field_targets(table, split)
+    codes = pd.Index(table.parents).get_indexer(targets["target_parent"])
+    assert reserved[codes].all()
+    with pytest.raises(interventions.InterventionError, match="reserve_parent_share"):
+        interventions.unseen_field_targets(table, default)
+    with pytest.raises(SplitError, match="reserve_parent_share"):
+        factorial_split(table, reserve_parent_share=1.0)
