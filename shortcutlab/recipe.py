@@ -190,9 +190,12 @@ def _flip(x: torch.Tensor, dim: int, generator: torch.Generator) -> torch.Tensor
 
 
 def _mask_background(x: torch.Tensor, mask: torch.Tensor | None, fill: float) -> torch.Tensor:
+    # F3 is the background_removal intervention with a constant fill, in training and scoring.
+    from interventions import background_removal
+
     if mask is None:
         raise ShortcutlabError("mask_background needs cell masks: give the manifest a mask column (--mask COL)")
-    return x * mask + fill * (1.0 - mask)
+    return background_removal(x, mask, fill="constant", value=fill)
 
 
 def _versions() -> dict:

@@ -255,3 +255,14 @@ def test_cli_trains_on_a_synthetic_benchmark_with_an_augmentation(tmp_path, caps
     capsys.readouterr()
     assert main([*argv, "--augment-param", "sigma"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_masked_background_is_the_background_removal_formula():
+    from shortcutlab.recipe import _mask_background
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3, 3, 10, 10, generator=g)
+    m = (torch.rand(3, 1, 10, 10, generator=g) > 0.5).float()
+    torch.testing.assert_close(_mask_background(x, m, 0.3), x * m + 0.3 * (1 - m), rtol=0, atol=1e-7)
+    with pytest.raises(ShortcutlabError, match="needs cell masks"):
+        _mask_background(x, None, 0.3)
