@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar
 
 import torch
@@ -107,7 +108,7 @@ def check_mask(mask: torch.Tensor, x: torch.Tensor, name: str = "mask") -> torch
     return mask.to(x.dtype)
 
 
-class Intervention(nn.Module):
+class Intervention(nn.Module, metaclass=abc.ABCMeta):
     """Base class of every intervention (see the module docstring for the contract).
 
     Class attributes:
@@ -129,14 +130,22 @@ class Intervention(nn.Module):
         self.generator = generator
         self.last_params: dict[str, torch.Tensor] | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Fail when the class is defined, not at its first call: a random intervention
+        # without draw_params would otherwise only break inside a sweep.
+        super().__init_subclass__(**kwargs)
+        concrete = not getattr(cls.apply, "__isabstractmethod__", False)
+        if concrete and cls.stochastic and cls.draw_params is Intervention.draw_params:
+            raise TypeError(f"{cls.__qualname__} sets stochastic = True but does not define draw_params(x, generator)")
+
     # -- to implement ------------------------------------------------------------------
     def draw_params(self, x: torch.Tensor, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
-        """Draw the random parameters for batch x (stochastic interventions only)."""
-        raise NotImplementedError(f"{type(self).__name__} is marked stochastic but does not implement draw_params")
+        """Draw the random parameters for batch x (stochastic interventions define this)."""
+        return {}
 
+    @abc.abstractmethod
     def apply(self, x: torch.Tensor, mask: torch.Tensor | None, params: dict[str, torch.Tensor] | None, **context: Any) -> torch.Tensor:
         """Apply the intervention to a validated batch (x float in [0, 1], mask float or None)."""
-        raise NotImplementedError
 
     # -- the contract --------------------------------------------------------------------
     def forward(

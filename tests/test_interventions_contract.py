@@ -185,3 +185,18 @@ def test_registry_errors_and_plugins(tmp_path, monkeypatch):
         torch.testing.assert_close(interventions.get("invert")(x), 1 - x)
     finally:
         interventions.unregister("invert")
+
+
+def test_incomplete_interventions_fail_early():
+    class NoApply(interventions.Intervention):
+        pass
+
+    with pytest.raises(TypeError, match="apply"):
+        NoApply()
+    with pytest.raises(TypeError, match="does not define draw_params"):
+
+        class RandomWithoutDraw(interventions.Intervention):
+            stochastic = True
+
+            def apply(self, x, mask, params, **context):
+                return x
