@@ -39,6 +39,7 @@ __all__ = [
     "DedupResult",
     "all_pairs_near_duplicates",
     "hamming_distance",
+    "hashes_for_ids",
     "hashes_from_hex",
     "link_parents",
     "merge_linked_parents",
@@ -98,18 +99,20 @@ def perceptual_hashes(paths: Sequence[str | os.PathLike], hash_size: int = 8) ->
     return np.packbits(bits, axis=1).view(">u8").ravel().astype(np.uint64)
 
 
-def hashes_from_hex(values: Sequence[str]) -> np.ndarray:
+def hashes_from_hex(values: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
     """Parse 16-hex-digit strings, as written by ``str(imagehash.ImageHash)``, into uint64.
 
     Args:
         values: N strings of exactly 16 hexadecimal digits (either case; surrounding
             whitespace is ignored).
+        ids: optional N crop ids aligned with `values`, so that an error names the crop
+            rather than a position.
 
     Returns:
         (N,) uint64 hashes.
 
     Raises:
-        TableError: naming the first position whose value is not 16 hex digits.
+        TableError: naming the first crop id (or position) whose value is not 16 hex digits.
 
     Example:
         >>> hashes_from_hex(["ffffffffffffffff", "00000000000000a1"])
@@ -117,16 +120,57 @@ def hashes_from_hex(values: Sequence[str]) -> np.ndarray:
     """
     if isinstance(values, (str, bytes)):
         raise TableError(f"expected a sequence of hex strings, got a single string {values!r}")
+    values = list(values)
+    if ids is not None and len(ids) != len(values):
+        raise TableError(f"ids must have one entry per hash: expected {len(values)}, got {len(ids)}")
     parsed = []
     for pos, value in enumerate(values):
         text = value.strip() if isinstance(value, str) else None
         if text is None or not _HEX.fullmatch(text):
+            where = f"of crop id {str(ids[pos])!r}" if ids is not None else f"at position {pos}"
             raise TableError(
-                f"hash at position {pos} must be 16 hexadecimal digits (a 64-bit imagehash); "
-                f"got {value!r}"
+                f"hash {where} must be 16 hexadecimal digits (a 64-bit imagehash); got {value!r}"
             )
         parsed.append(int(text, 16))
     return np.array(parsed, dtype=np.uint64)
+
+
+def hashes_for_ids(values, ids: Sequence[str], what: str = "hashes") -> np.ndarray:
+    """Hashes given one per crop (hex strings or integers, mixed allowed) as uint64.
+
+    Integers must lie in [0, 2**64); int64 values are read bit for bit (as `_as_uint64`).
+
+    Args:
+        values: N hashes aligned with `ids`: 16-hex-digit strings, non-negative integers
+            below 2**64, or an int64/uint64 array.
+        ids: N crop ids, named in errors.
+        what: what the values are, for messages.
+
+    Returns:
+        (N,) uint64.
+
+    Raises:
+        TableError: naming the crop id and the bad value.
+    """
+    arr = np.asarray(values) if not isinstance(values, list) else np.array(values, dtype=object)
+    if arr.dtype.kind in "iu":
+        return _as_uint64(arr, what)
+    out = np.empty(len(arr), dtype=np.uint64)
+    for pos, value in enumerate(arr.tolist()):
+        if isinstance(value, str):
+            out[pos] = hashes_from_hex([value], ids=[ids[pos]])[0]
+            continue
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        if ok and -(2**63) <= int(value) < 0:
+            out[pos] = np.array([int(value)], dtype=np.int64).view(np.uint64)[0]
+        elif ok and 0 <= int(value) < 2**64:
+            out[pos] = np.uint64(int(value))
+        else:
+            raise TableError(
+                f"{what}: the hash of crop id {str(ids[pos])!r} must be 16 hexadecimal digits or an "
+                f"integer in [0, 2**64); got {value!r}"
+            )
+    return out
 
 
 # ---------------------------------------------------------------------------- distances

@@ -333,3 +333,19 @@ def test_hash_size_other_than_8_rejected(tmp_path):
     Image.fromarray(texture(3)).save(tmp_path / "ok.png")
     with pytest.raises(ShortcutlabError, match="hash_size must be 8"):
         perceptual_hashes([str(tmp_path / "ok.png")], hash_size=16)
+
+
+def test_bad_hex_names_the_crop_id_when_given():
+    with pytest.raises(TableError, match=r"hash of crop id 'cell-7' must be 16 hexadecimal digits.*'xyz'"):
+        hashes_from_hex(["0000000000000000", "xyz"], ids=["cell-3", "cell-7"])
+
+
+def test_hashes_for_ids_reads_hex_and_integers_bit_for_bit():
+    from shortcutlab.dedup import hashes_for_ids
+
+    ids = ["a", "b", "c", "d"]
+    got = hashes_for_ids(["00000000000000ff", 2**64 - 1, -1, np.uint64(5)], ids)
+    assert [int(v) for v in got] == [255, 2**64 - 1, 2**64 - 1, 5]  # -1 as int64 has all 64 bits set
+    for bad, shown in ((2**64, "18446744073709551616"), (1.5, "1.5"), (None, "None"), (True, "True")):
+        with pytest.raises(TableError, match=f"crop id 'c' .*got {shown}"):
+            hashes_for_ids([1, 2, bad, 3], ids)
