@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import ManifestHashError, SplitError, first_rows
+from .io import atomic_files, to_json
 
 Side = Literal["train", "val", "test"]
 SIDES: tuple[str, ...] = ("train", "val", "test")
@@ -146,16 +147,21 @@ class SplitManifest:
         }
 
     def to_csv(self, path: str | os.PathLike) -> str:
-        """Write the CSV and its JSON sidecar; return the hash."""
+        """Write the CSV and its JSON sidecar, both or neither; return the hash.
+
+        Both files are written under temporary names beside their targets and renamed into
+        place only when both are complete (the sidecar last), so a failure leaves any
+        previous pair as it was.
+
+        Raises:
+            OutputError: a path cannot be written (its folder is a file, it is a folder, ...).
+        """
         path = os.fspath(path)
-        d = os.path.dirname(path)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        self.assignments.to_csv(path, index=False)
-        meta = self.metadata()
-        with open(sidecar_path(path), "w") as f:
-            json.dump(meta, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with atomic_files() as stage:
+            self.assignments.to_csv(stage.path(path), index=False)
+            meta = self.metadata()
+            with open(stage.path(sidecar_path(path)), "w", encoding="utf-8") as f:
+                f.write(to_json(meta, sort_keys=True))
         return meta["sha256"]
 
     @classmethod
@@ -164,15 +170,19 @@ class SplitManifest:
         path = os.fspath(path)
         if not os.path.exists(path):
             raise SplitError(f"manifest file {path!r} does not exist")
+        if os.path.isdir(path):
+            raise SplitError(f"manifest path {path!r} is a folder, not a CSV file")
         try:
             df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
         except pd.errors.EmptyDataError:
             raise SplitError(f"manifest file {path!r} is empty") from None
+        except UnicodeDecodeError as e:
+            raise SplitError(f"manifest file {path!r} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
+        except pd.errors.ParserError as e:
+            raise SplitError(f"manifest file {path!r} is not a valid CSV: {' '.join(str(e).split())}") from None
         protocol, params, report = "external", {}, {}
-        side = sidecar_path(path)
-        if os.path.exists(side):
-            with open(side) as f:
-                meta = json.load(f)
+        meta = read_sidecar(path)
+        if meta is not None:
             protocol = meta.get("protocol", protocol)
             params = meta.get("params", {})
             report = meta.get("report", {})
@@ -193,6 +203,35 @@ def sidecar_path(path: str) -> str:
     return root + ".json"
 
 
+def read_sidecar(path: str | os.PathLike) -> dict | None:
+    """The JSON sidecar of manifest `path` as a dict, or None when there is none.
+
+    Raises:
+        SplitError: the sidecar is not UTF-8 JSON, or not an object with the expected fields,
+            naming the file and what is wrong.
+    """
+    side = sidecar_path(os.fspath(path))
+    if not os.path.exists(side):
+        return None
+    try:
+        with open(side, encoding="utf-8") as f:
+            meta = json.load(f)
+    except json.JSONDecodeError as e:
+        raise SplitError(f"manifest sidecar {side!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except UnicodeDecodeError as e:
+        raise SplitError(f"manifest sidecar {side!r} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
+    except IsADirectoryError:
+        raise SplitError(f"manifest sidecar {side!r} is a folder, not a JSON file") from None
+    if not isinstance(meta, dict):
+        raise SplitError(f"manifest sidecar {side!r} must hold a JSON object; got a {type(meta).__name__}")
+    for key, kind in (("protocol", str), ("params", dict), ("report", dict), ("sha256", str)):
+        if key in meta and not isinstance(meta[key], kind):
+            raise SplitError(
+                f"manifest sidecar {side!r}: {key!r} must be a JSON {'string' if kind is str else 'object'}; got {meta[key]!r}"
+            )
+    return meta
+
+
 def verify(path: str | os.PathLike, expected: str | None = None) -> str:
     """Recompute a manifest's hash and compare it with `expected` (or with its sidecar's).
 
@@ -201,15 +240,16 @@ def verify(path: str | os.PathLike, expected: str | None = None) -> str:
 
     Raises:
         ManifestHashError: on a mismatch, or when there is nothing to compare with.
+        SplitError: the manifest or its sidecar cannot be read (naming the file).
     """
     m = SplitManifest.read(path)
     got = m.hash
     if expected is None:
         side = sidecar_path(os.fspath(path))
-        if not os.path.exists(side):
+        meta = read_sidecar(path)
+        if meta is None:
             raise ManifestHashError(f"no hash given and no sidecar {side!r} to compare with; pass --hash")
-        with open(side) as f:
-            expected = json.load(f).get("sha256")
+        expected = meta.get("sha256")
         if not expected:
             raise ManifestHashError(f"sidecar {side!r} holds no 'sha256'")
     expected = expected.strip().lower()
