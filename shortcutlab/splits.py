@@ -7,6 +7,11 @@ sorted by crop id, so a split depends on the seed and the table's content, never
 order. The streams are shared on purpose: the ladder's level 0 equals the `parent` split and
 its level 1 equals the `crop` split of the same seed.
 
+A split that leaves its test or training side (or a requested validation side) empty is
+refused with a `SplitError`. One that leaves a single class without crops on a side is made,
+but warned about (`SplitWarning`, one line per class and side) and listed in the report as
+``empty_class_sides``.
+
 Example:
     >>> import pandas as pd
     >>> from shortcutlab.table import CropTable
@@ -18,17 +23,25 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import inspect
+import warnings
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 import pandas as pd
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
-from .errors import SplitError
+from .errors import ShortcutlabError, SplitError
 from .exposure import _check_q
 from .manifest import SplitManifest
 from .table import CropTable
+
+
+class SplitWarning(UserWarning):
+    """A split was built but leaves something out that its user should know about (a class
+    with no crops on one side)."""
+
 
 # Named random streams (see module docstring).
 _CROP_KEYS, _UNIT_SELECT, _LADDER_ORDER, _FACTORIAL = 1, 2, 3, 4
@@ -60,7 +73,12 @@ def make_split(table: CropTable, protocol: str, **params) -> SplitManifest:
         close = difflib.get_close_matches(protocol, _PROTOCOLS, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise SplitError(f"unknown split protocol {protocol!r}; available: {', '.join(_PROTOCOLS)}{hint}")
-    return _PROTOCOLS[protocol](table, **params)
+    fn = _PROTOCOLS[protocol]
+    accepted = [p for p in inspect.signature(fn).parameters if p != "table"]
+    unknown = [k for k in params if k not in accepted]
+    if unknown:
+        raise SplitError(f"split protocol {protocol!r} takes no parameter {', '.join(map(repr, unknown))}; it takes: {', '.join(accepted)}")
+    return fn(table, **params)
 
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
@@ -69,9 +87,19 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), stream])
 
 
+def _check_test_fraction(test_fraction: float) -> float:
+    try:
+        return _check_q(test_fraction)
+    except ShortcutlabError as e:  # the closed forms' check, raised as a split error here
+        raise SplitError(str(e)) from None
+
+
 def _check_fractions(test_fraction: float, val_fraction: float) -> tuple[float, float]:
-    q = _check_q(test_fraction)
-    v = float(val_fraction)
+    q = _check_test_fraction(test_fraction)
+    try:
+        v = float(val_fraction)
+    except (TypeError, ValueError):
+        raise SplitError(f"the validation fraction must be a number in [0, 1), got {val_fraction!r}") from None
     if not 0.0 <= v < 1.0 or q + v >= 1.0:
         raise SplitError(f"the validation fraction must be in [0, 1) with test + val < 1; got test {q}, val {v}")
     return q, v
@@ -194,6 +222,72 @@ def _side_report(table: CropTable, side: np.ndarray, names=("train", "val", "tes
     return rep
 
 
+def _refuse_empty_sides(rep: dict, q: float, v: float, unit: str, codes: np.ndarray, note: str = "") -> None:
+    """Raise when the test or training side (or a requested validation side) holds no crop.
+
+    Args:
+        rep: a `_side_report`.
+        unit: 'crop', 'parent' or 'group', for the message.
+        codes: (N,) unit of every crop, for the sizes in the message.
+    """
+    empty = [name for name in ("train", "test") if rep.get(f"n_{name}", 0) == 0]
+    if v > 0 and rep.get("n_val", 0) == 0:
+        empty.append("val")
+    if not empty:
+        return
+    val = f" and validation fraction {v}" if v > 0 else ""
+    what = "a crop-level split" if unit == "crop" else f"a {unit}-disjoint split"
+    if unit == "crop":
+        detail = (
+            f"each side gets round(fraction x crops of the class) crops, and the largest class has {int(np.bincount(codes).max())} crops"
+        )
+    else:
+        sizes = np.bincount(codes)
+        detail = f"the table has {len(sizes)} {unit}s of sizes up to {int(sizes.max())} crops"
+    raise SplitError(f"{what} with test fraction {q}{val} left the {' and '.join(empty)} side empty{note}; {detail}")
+
+
+def _empty_class_sides(
+    table: CropTable, side: np.ndarray, has_val: bool, protocol: str, cell: str | None = None
+) -> list[dict]:
+    """Classes without a crop on a side the design has; each one is warned about.
+
+    A class can vanish from a side when all its crops sit in one parent (a parent-disjoint
+    split), when round(q n_c) is 0 (a tiny test fraction) or when test and validation take
+    all of a small class. The split stays valid, but per-class figures on that side do not
+    exist, so it is said (a `SplitWarning`) and recorded in the report.
+
+    Args:
+        side: (N,) side codes 0 train, 1 val, 2 test, -1 for crops outside the design.
+        has_val: whether the design has a validation side.
+        cell: the cell of a multi-cell design, named in the record and the warning.
+
+    Returns:
+        ``[{"class": c, "side": s}, ...]`` (with ``"cell"`` for a cell), in class then side order.
+    """
+    names = ("train", "val", "test") if has_val else ("train", "test")
+    counts = np.zeros((table.n_classes, 3), dtype=np.int64)
+    used = side >= 0
+    np.add.at(counts, (table.label_codes[used], side[used]), 1)
+    out = []
+    for c, name in enumerate(table.classes):
+        for s in names:
+            if counts[c, ("train", "val", "test").index(s)] == 0:
+                rec = {"class": name, "side": s}
+                where = f"{protocol} split"
+                if cell is not None:
+                    rec["cell"] = cell
+                    where += f", cell {cell!r}"
+                out.append(rec)
+                n_c = int(counts[c].sum())
+                warnings.warn(
+                    f"{where}: class {name!r} has no crops on the {s} side ({n_c} crops of the class in the split)",
+                    SplitWarning,
+                    stacklevel=3,
+                )
+    return out
+
+
 def _manifest(table: CropTable, side: np.ndarray, protocol: str, params: dict, report: dict) -> SplitManifest:
     names = np.array(["train", "val", "test"], dtype=object)
     df = pd.DataFrame({"id": table.ids, "split": names[side]})
@@ -210,8 +304,11 @@ def crop_split(table: CropTable, test_fraction: float = 0.2, val_fraction: float
     q, v = _check_fractions(test_fraction, val_fraction)
     keys = _rng(seed, _CROP_KEYS).random(table.n_crops)
     side = _stratified_crop_sides(table.label_codes, keys, np.arange(table.n_crops), q, v)
+    rep = _side_report(table, side)
+    _refuse_empty_sides(rep, q, v, "crop", table.label_codes)
+    rep["empty_class_sides"] = _empty_class_sides(table, side, v > 0, "crop")
     params = {"test_fraction": q, "val_fraction": v, "seed": int(seed), "unit": "crop", "stratified_by": "label"}
-    return _manifest(table, side, "crop", params, _side_report(table, side))
+    return _manifest(table, side, "crop", params, rep)
 
 
 # ---------------------------------------------------------------------------- P2
@@ -254,50 +351,121 @@ def parent_split(
         unit = "group"
     side, codes = _unit_sides(table, q, v, seed, unit)
     rep = _side_report(table, side)
-    n_units = int(codes.max()) + 1
-    if rep["n_test"] == 0 or rep["n_train"] == 0:
-        raise SplitError(
-            f"a {unit}-disjoint split with test fraction {q} left one side empty; "
-            f"the table has {n_units} {unit}s of sizes up to {int(np.bincount(codes).max())} crops"
-        )
+    _refuse_empty_sides(rep, q, v, unit, codes)
     rep["max_class_deviation"] = round(max(abs(s - q) for s in rep["test_share_per_class"].values()), 6)
+    rep["empty_class_sides"] = _empty_class_sides(table, side, v > 0, "parent")
     params = {"test_fraction": q, "val_fraction": v, "seed": int(seed), "unit": unit, "stratified_by": "label"}
     return _manifest(table, side, "parent", params, rep)
 
 
 # ---------------------------------------------------------------------------- P3
+HashesById = Union[pd.Series, Mapping[str, object], str]
+
+
+def _hashes_by_id(table: CropTable, hashes) -> np.ndarray:
+    """(N,) uint64 hashes aligned with the table's (id-sorted) rows.
+
+    `hashes` is keyed by crop id (a Series indexed by id, or a mapping id -> hash) or names a
+    column of the table. A bare array or list is refused: the table sorts its rows by id, so
+    its positions need not be the caller's rows, and a misaligned hash links unrelated parents
+    while a real duplicate pair crosses the split.
+    """
+    from . import dedup
+
+    ids = table.ids
+    if isinstance(hashes, str):
+        if hashes not in table.frame.columns:
+            raise SplitError(
+                f"hash column {hashes!r} is not in the table; its columns are: {', '.join(table.frame.columns)} "
+                "(give the hash column when building the table: phash=COL, or --hash-column COL)"
+            )
+        return dedup.hashes_for_ids(table.frame[hashes].to_numpy(dtype=object), ids, f"hash column {hashes!r}")
+    if isinstance(hashes, pd.Series):
+        if isinstance(hashes.index, pd.RangeIndex):
+            raise SplitError(
+                "hashes is a Series with a default RangeIndex (row positions), which cannot be matched to crop ids; "
+                "index it by crop id (e.g. df.set_index('id')['phash']) or give the hash column when building the table"
+            )
+        keys, values = hashes.index.astype(str).to_numpy(dtype=object), hashes.to_numpy(dtype=object)
+    elif isinstance(hashes, Mapping):
+        keys = np.array([str(k) for k in hashes.keys()], dtype=object)
+        values = np.array(list(hashes.values()), dtype=object)
+    else:
+        raise SplitError(
+            f"hashes must be keyed by crop id (a pandas Series indexed by id, or a mapping id -> hash) or name a "
+            f"column of the table; got {type(hashes).__name__}, whose positions cannot be matched to the table's "
+            "id-sorted rows"
+        )
+    index = pd.Index(keys)
+    if index.has_duplicates:
+        dup = index[index.duplicated()].unique()[:5]
+        raise SplitError(f"hashes give crop id(s) {list(dup)} more than once; give one hash per crop id")
+    pos = index.get_indexer(ids)
+    missing = pos < 0
+    if missing.any():
+        raise SplitError(
+            f"hashes lack {int(missing.sum())} crop id(s) of the table, e.g. {[str(i) for i in ids[missing][:5]]}; "
+            "give one hash per crop id"
+        )
+    if len(index) != len(ids):
+        extra = index[~index.isin(ids)][:5]
+        raise SplitError(
+            f"hashes name {len(index) - len(ids)} id(s) that are not crops of the table, e.g. {list(extra)}; "
+            "check that they are keyed by the table's id column"
+        )
+    return dedup.hashes_for_ids(values[pos], ids)
+
+
 @register_protocol("parent-dedup")
 def dedup_split(
     table: CropTable,
     test_fraction: float = 0.2,
     val_fraction: float = 0.0,
     seed: int = 0,
-    hashes: np.ndarray | Sequence[str] | None = None,
+    hashes: HashesById | None = None,
     max_distance: int = 4,
     unit: str = "parent",
 ) -> SplitManifest:
     """P3: merge parents linked by near-duplicate crops, then split parent-disjointly.
 
     Args:
-        hashes: (N,) 64-bit perceptual hashes aligned with the table rows (uint64 or 16-digit
-            hex strings). Without them the table's phash column is used, else the crop images
-            in its image column are hashed.
+        hashes: 64-bit perceptual hashes (uint64, int64 with the same bits, or 16-digit hex
+            strings) keyed by crop id: a pandas Series indexed by id or a mapping id -> hash,
+            or the name of a table column. A bare array is refused, because the table sorts
+            its rows by id and positions would pair hashes with the wrong crops. Without
+            `hashes` the table's phash column is used, else the crop images in its image
+            column are hashed.
         max_distance: Hamming threshold (bits) under which two crops are near-duplicates.
         Other arguments as in `parent_split`.
+
+    Raises:
+        SplitError: the merged parents leave the test or training side empty (for example
+            when near-duplicates chain every parent into one), or `hashes` cannot be
+            matched to the crop ids.
+        TableError: a hash is not 16 hex digits or a 64-bit integer (naming the crop id).
+
+    Example:
+        >>> df = pd.DataFrame({"id": ["b", "a", "d", "c"], "label": "x", "parent": ["p", "q", "r", "s"]})
+        >>> h = pd.Series(["00000000000000ff", "00000000000000fe", "ff00000000000000", "0f0f0f0f0f0f0f0f"],
+        ...               index=df["id"])
+        >>> m = dedup_split(CropTable.from_frame(df, id="id"), 0.5, hashes=h, max_distance=1)
+        >>> m.report["parents_after_merge"]   # p and q merge: crops b and a are 1 bit apart
+        3
     """
     from . import dedup
 
+    q, v = _check_fractions(test_fraction, val_fraction)
+    if unit not in ("parent", "group", "patient"):
+        raise SplitError(f"split unit must be 'parent' or 'group' (patient), got {unit!r}")
+    unit = "group" if unit in ("group", "patient") else "parent"
     if hashes is None and "phash" in table.frame.columns:
-        hashes = table.frame["phash"].to_numpy(dtype=object)
+        hashes = "phash"
     if hashes is None:
         if not table.has_images:
             raise SplitError("parent-dedup needs perceptual hashes: give an image column (--image COL) or a hash column (--hash-column COL)")
         h = dedup.perceptual_hashes(table.frame["image"].tolist())
     else:
-        h = np.asarray(hashes)
-        if h.dtype.kind in "OUS":
-            h = dedup.hashes_from_hex(list(h))
-        h = h.astype(np.uint64)
+        h = _hashes_by_id(table, hashes)
     res = dedup.link_parents(table.parent_codes, h, max_distance=max_distance)
     # A merged parent is named after its first member, so manifests stay readable.
     frame = table.to_frame()
@@ -314,10 +482,12 @@ def dedup_split(
         first_group = pd.Series(g).groupby(comp[M + g]).transform("min").to_numpy()
         frame["group"] = table._group_factor[1][first_group]
     merged = CropTable(frame, source=table.source + " (near-duplicate parents merged)")
-    q, v = _check_fractions(test_fraction, val_fraction)
-    unit = "group" if unit in ("group", "patient") else "parent"
     side, codes = _unit_sides(merged, q, v, seed, unit)
     rep = _side_report(merged, side)
+    _refuse_empty_sides(
+        rep, q, v, unit, codes,
+        f" after near-duplicate merging ({res.n_parents_before} parents became {res.n_parents_after})",
+    )
     rep["max_class_deviation"] = round(max(abs(s - q) for s in rep["test_share_per_class"].values()), 6)
     rep.update(
         {
@@ -328,6 +498,7 @@ def dedup_split(
     )
     if table.has_group:
         rep.update({"groups_before_merge": int(table.n_groups), "groups_after_merge": int(merged.n_groups)})
+    rep["empty_class_sides"] = _empty_class_sides(table, side, v > 0, "parent-dedup")
     params = {
         "test_fraction": q,
         "val_fraction": v,
@@ -357,8 +528,11 @@ def ladder_split(
     Returns:
         A manifest with one cell per level (``level_0.25``) and a ``level`` column.
     """
-    q = _check_q(test_fraction)
-    levels = [float(f) for f in levels]
+    q = _check_test_fraction(test_fraction)
+    try:
+        levels = [float(f) for f in ([levels] if isinstance(levels, str) else levels)]
+    except (TypeError, ValueError):
+        raise SplitError(f"ladder levels must be numbers in [0, 1], got {list(levels) if not isinstance(levels, str) else levels!r}") from None
     if not levels or any(not 0.0 <= f <= 1.0 for f in levels):
         raise SplitError(f"ladder levels must lie in [0, 1], got {levels}")
     if len(set(levels)) != len(levels):
@@ -369,7 +543,7 @@ def ladder_split(
     rank[order] = np.arange(P)
     keys = _rng(seed, _CROP_KEYS).random(table.n_crops)
     names = np.array(["train", "val", "test"], dtype=object)
-    frames, rep = [], {"levels": {}}
+    frames, rep = [], {"levels": {}, "empty_class_sides": []}
     from .audit import sibling_exposure
 
     for f in sorted(levels):
@@ -384,6 +558,13 @@ def ladder_split(
         name = f"level_{f:.2f}"
         frames.append(pd.DataFrame({"id": table.ids, "split": names[side], "cell": name, "level": f}))
         r = _side_report(table, side)
+        empty = [s for s in ("train", "test") if r[f"n_{s}"] == 0]
+        if empty:
+            raise SplitError(
+                f"ladder level {f:g} with test fraction {q} left the {' and '.join(empty)} side empty; the table has "
+                f"{P} parents of sizes up to {int(table.parent_sizes.max())} crops and {table.n_crops} crops"
+            )
+        rep["empty_class_sides"] += _empty_class_sides(table, side, False, "ladder", cell=name)
         r["crossing_parents"] = int(crossing_p.sum())
         r["test_with_train_sibling"] = round(sibling_exposure(table.parent_codes, side == 2, side == 0), 6)
         rep["levels"][name] = r
@@ -559,7 +740,7 @@ def factorial_split(
     """
     if not 0.0 < test_parent_share < 1.0:
         raise SplitError(f"test_parent_share must lie in (0, 1), got {test_parent_share}")
-    if diversity_contrast < 1.0:
+    if not diversity_contrast >= 1.0:  # also refuses NaN
         raise SplitError(f"diversity_contrast must be >= 1, got {diversity_contrast}")
     if not 0.0 <= reserve_parent_share < 1.0:
         raise SplitError(f"reserve_parent_share must lie in [0, 1), got {reserve_parent_share}")
@@ -662,6 +843,10 @@ def factorial_split(
     )
     if reserve_parent_share > 0:
         report["n_reserved_parents"] = int(len(reserved))
+    report["empty_class_sides"] = []
+    for name in FACTORIAL_CELLS:
+        side = np.where(test, 2, np.where(masks[name], 0, -1)).astype(np.int8)
+        report["empty_class_sides"] += _empty_class_sides(table, side, False, "factorial", cell=name)
     frames = []
     ids = table.ids
     for name in FACTORIAL_CELLS:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from shortcutlab import (
     SplitError,
     crop_split,
+    dedup_split,
     factorial_split,
     ladder_split,
     make_split,
@@ -49,8 +50,12 @@ def test_parent_split_is_parent_disjoint_and_close_to_q(df, q, seed):
 @given(df=tables, q=st.sampled_from([0.1, 0.25]), seed=st.integers(0, 50))
 def test_crop_split_is_stratified_exactly(df, q, seed):
     t = table_from(df)
-    s = sides(t, crop_split(t, q, seed=seed))
     n_c = np.bincount(t.label_codes)
+    if np.rint(q * n_c).sum() == 0:  # no class is large enough to give a test crop
+        with pytest.raises(SplitError, match="left the test side empty"):
+            crop_split(t, q, seed=seed)
+        return
+    s = sides(t, crop_split(t, q, seed=seed))
     test_c = np.bincount(t.label_codes[s == 2], minlength=len(n_c))
     np.testing.assert_array_equal(test_c, np.rint(q * n_c))
 
@@ -321,3 +326,173 @@ def test_factorial_reserve_keeps_unseen_fields_and_leaves_the_default_design_alo
         interventions.unseen_field_targets(table, default)
     with pytest.raises(SplitError, match="reserve_parent_share"):
         factorial_split(table, reserve_parent_share=1.0)
+
+
+# ---------------------------------------------------------------------------- P3: hashes keyed by id
+def _string_id_table(seed=0, n_parents=40):
+    """Crops with random string ids, listed in an order unrelated to their sorted order, and
+    random hashes far apart; one crop of parent 'pA' is a 1-bit copy of one crop of 'pB'.
+
+    Returns the frame (hashes in column 'phash', aligned with its rows) and the planted ids.
+    """
+    rng = np.random.default_rng(seed)
+    df = random_table(n_parents, 3, 2, geometry=False, seed=seed)
+    df["parent"] = [f"q{int(p[1:]):03d}" for p in df["parent"]]
+    df["id"] = [f"{rng.integers(10**8):08d}-{k}" for k in range(len(df))]
+    df = df.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+    assert list(df["id"]) != sorted(df["id"])
+    h = rng.integers(0, 2**64, size=len(df), dtype=np.uint64)
+    parents = sorted(set(df["parent"]))
+    a = int(np.flatnonzero(df["parent"] == parents[3])[0])
+    b = int(np.flatnonzero(df["parent"] == parents[-5])[-1])
+    h[b] = h[a] ^ np.uint64(1 << 17)
+    df["phash"] = [f"{int(v):016x}" for v in h]
+    return df, (df["id"][a], df["id"][b]), (parents[3], parents[-5])
+
+
+def _merged_groups_by_brute_force(df, max_distance):
+    """Parents merged by near-duplicate crops: all pairs, plain union-find (independent)."""
+    h = [int(x, 16) for x in df["phash"]]
+    par = list(df["parent"])
+    root = {p: p for p in par}
+
+    def find(p):
+        while root[p] != p:
+            p = root[p]
+        return p
+
+    for i in range(len(h)):
+        for j in range(i + 1, len(h)):
+            if bin(h[i] ^ h[j]).count("1") <= max_distance:
+                root[find(par[i])] = find(par[j])
+    groups = {}
+    for p in set(par):
+        groups.setdefault(find(p), set()).add(p)
+    return list(groups.values())
+
+
+@pytest.mark.parametrize("form", ["series", "mapping", "column-name"])
+def test_dedup_hashes_keyed_by_id_follow_the_crops_not_the_sorted_rows(form):
+    df, (ia, ib), (pa, pb) = _string_id_table()
+    groups = _merged_groups_by_brute_force(df, 2)
+    assert sorted(map(sorted, (g for g in groups if len(g) > 1))) == [sorted([pa, pb])]
+    t = table_from(df.drop(columns="phash"))
+    by_id = pd.Series(df["phash"].to_numpy(), index=df["id"])
+    hashes = {"series": by_id, "mapping": dict(by_id)}.get(form)
+    if form == "column-name":
+        t, hashes = table_from(df, phash="phash"), "phash"
+    together = 0
+    for seed in range(8):
+        m = make_split(t, "parent-dedup", test_fraction=0.5, seed=seed, max_distance=2, hashes=hashes)
+        assert m.report["parents_before_merge"] == 40 and m.report["parents_after_merge"] == 39
+        s = pd.Series(sides(t, m), index=t.ids)
+        assert s[ia] == s[ib]  # the planted pair never crosses the split
+        per_parent = pd.Series(s.to_numpy()).groupby(t.frame["parent"].to_numpy()).agg(["nunique", "first"])
+        assert (per_parent["nunique"] == 1).all()
+        together += per_parent.loc[pa, "first"] == per_parent.loc[pb, "first"]
+    assert together == 8
+
+
+def test_dedup_split_is_row_order_invariant_with_hashes_by_id():
+    df, _, _ = _string_id_table(seed=3)
+    ref = None
+    for k in range(4):
+        d = shuffled(df, k) if k else df
+        hashes = pd.Series(d["phash"].to_numpy(), index=d["id"])
+        m = dedup_split(table_from(d.drop(columns="phash")), 0.3, seed=2, hashes=hashes, max_distance=2)
+        got = m.assignments.set_index("id")["split"].sort_index()
+        m2 = dedup_split(table_from(d, phash="phash"), 0.3, seed=2, max_distance=2)
+        pd.testing.assert_series_equal(m2.assignments.set_index("id")["split"].sort_index(), got)
+        if ref is None:
+            ref = got
+        pd.testing.assert_series_equal(got, ref)
+
+
+def test_dedup_split_refuses_hashes_it_cannot_match_to_crop_ids():
+    df, _, _ = _string_id_table()
+    t = table_from(df.drop(columns="phash"))
+    with pytest.raises(SplitError, match="keyed by crop id"):
+        dedup_split(t, hashes=df["phash"].to_numpy())
+    with pytest.raises(SplitError, match="RangeIndex"):
+        dedup_split(t, hashes=df["phash"])
+    short = pd.Series(df["phash"].to_numpy(), index=df["id"]).iloc[1:]
+    with pytest.raises(SplitError, match=f"lack 1 crop id.*{df['id'][0]}"):
+        dedup_split(t, hashes=short)
+
+
+def test_parent_dedup_refuses_an_empty_side():
+    # Every crop has the same hash: all parents merge into one unit, so one side would be empty.
+    df = random_table(12, 3, 2, geometry=False, seed=0)
+    df["phash"] = "00000000000000ff"
+    with pytest.raises(SplitError, match=r"left the (test|train) side empty after near-duplicate merging \(12 parents became 1\)"):
+        dedup_split(table_from(df, phash="phash"), 0.3, seed=0)
+
+
+# ---------------------------------------------------------------------------- empty sides and classes
+def _two_class_frame(n_a, n_b, parents_b=None):
+    """Class 'a' with n_a crops in single-crop parents, class 'b' with n_b crops (in one parent
+    per crop, or in `parents_b` parents)."""
+    rows = [{"id": f"a{k:03d}", "label": "a", "parent": f"pa{k:03d}"} for k in range(n_a)]
+    pb = parents_b or n_b
+    rows += [{"id": f"b{k:03d}", "label": "b", "parent": f"pb{k % pb:03d}"} for k in range(n_b)]
+    return pd.DataFrame(rows)
+
+
+def test_single_parent_class_is_missing_from_one_side_and_said():
+    from shortcutlab.splits import SplitWarning
+
+    t = table_from(_two_class_frame(60, 8, parents_b=1))
+    with pytest.warns(SplitWarning, match="parent split: class 'b' has no crops on the (train|test) side"):
+        m = parent_split(t, 0.2, seed=0)
+    b_side = set(m.assignments[m.assignments.id.str.startswith("b")].split)
+    assert len(b_side) == 1  # the one parent of 'b' sits on one side ...
+    missing = {"train", "test"} - b_side
+    assert m.report["empty_class_sides"] == [{"class": "b", "side": missing.pop()}]  # ... the other lacks it
+
+
+def test_tiny_test_fraction_leaves_a_small_class_out_of_test_and_says_so(tmp_path):
+    from shortcutlab.splits import SplitWarning
+
+    t = table_from(_two_class_frame(40, 4))
+    # round(0.1 * 40) = 4 crops of 'a' go to test, round(0.1 * 4) = 0 of 'b'.
+    with pytest.warns(SplitWarning, match="crop split: class 'b' has no crops on the test side"):
+        m = crop_split(t, 0.1, seed=0)
+    assert m.report["empty_class_sides"] == [{"class": "b", "side": "test"}]
+    m.to_csv(tmp_path / "s.csv")
+    import json
+
+    assert json.loads((tmp_path / "s.json").read_text())["report"]["empty_class_sides"] == [{"class": "b", "side": "test"}]
+
+
+def test_large_validation_share_takes_a_small_class_off_train_and_says_so():
+    from shortcutlab.splits import SplitWarning
+
+    t = table_from(_two_class_frame(100, 3))
+    # Class 'b': round(0.3 * 3) = 1 test and round(0.6 * 3) = 2 validation crops, none left to train.
+    with pytest.warns(SplitWarning, match="class 'b' has no crops on the train side"):
+        m = crop_split(t, 0.3, val_fraction=0.6, seed=0)
+    assert m.report["empty_class_sides"] == [{"class": "b", "side": "train"}]
+    counts = m.assignments.assign(c=m.assignments.id.str[0]).groupby(["c", "split"]).size().to_dict()
+    assert counts == {("a", "test"): 30, ("a", "val"): 60, ("a", "train"): 10, ("b", "test"): 1, ("b", "val"): 2}
+
+
+def test_a_complete_split_reports_no_empty_class_side():
+    import warnings
+
+    t = table_from(random_table(60, 4, 3, geometry=False, seed=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for protocol in ("crop", "parent", "ladder"):
+            assert make_split(t, protocol, seed=0).report["empty_class_sides"] == []
+
+
+def test_empty_sides_are_refused_by_every_protocol():
+    t = table_from(_two_class_frame(10, 10))
+    with pytest.raises(SplitError, match="crop-level split with test fraction 0.01 left the test side empty"):
+        crop_split(t, 0.01)
+    with pytest.raises(SplitError, match="ladder level 1 with test fraction 0.01 left the test side empty"):
+        ladder_split(t, 0.01, levels=[1.0])
+    # Ten parents of ten crops cannot give a validation share of 1%: refused, not dropped.
+    big = table_from(pd.DataFrame({"id": range(100), "label": "x", "parent": np.arange(100) // 10}))
+    with pytest.raises(SplitError, match="left the val side empty"):
+        parent_split(big, 0.2, val_fraction=0.01, seed=0)
