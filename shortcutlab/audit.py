@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -129,7 +131,14 @@ def audit(
         JSON-ready dict: ``n_crops``, ``n_parents``, ``n_classes``, ``n_groups``,
         ``test_fraction``, ``sibling_share``, ``exposure``, ``diversity_ratio``,
         ``pixel_overlap`` (None without geometry), ``overlap_share`` and, with a split,
-        ``measured`` (per cell when there are several) and ``split`` (protocol, params, hash).
+        ``measured`` (per cell when there are several; each with ``n_unassigned``, the table's
+        crops outside that cell) and ``split`` (protocol, params, hash, and ``n_unassigned``:
+        the table's crops in no row of the manifest, over all cells).
+
+    Warns:
+        UserWarning: the manifest leaves crops of the table out (except a factorial design,
+            whose cells train on a subset by construction); the count is in
+            ``result["split"]["n_unassigned"]``.
     """
     result = summarize(table, test_fraction).to_dict()
     result["source"] = table.source
@@ -139,5 +148,19 @@ def audit(
             result["measured"] = measure_split(table, split.cell(cell))
         else:
             result["measured"] = {c: measure_split(table, split.cell(c)) for c in cells}
-        result["split"] = {"protocol": split.protocol, "params": split.params, "sha256": split.hash}
+        in_manifest = pd.Index(table.ids).isin(split.assignments["id"].to_numpy(dtype=object))
+        n_unassigned = int((~in_manifest).sum())
+        result["split"] = {
+            "protocol": split.protocol,
+            "params": split.params,
+            "sha256": split.hash,
+            "n_unassigned": n_unassigned,
+        }
+        if n_unassigned and split.protocol != "factorial":
+            warnings.warn(
+                f"the split leaves {n_unassigned} of the table's {table.n_crops} crops unassigned (in no row of the "
+                f"manifest), e.g. {[str(i) for i in table.ids[~in_manifest][:3]]}; were they dropped on purpose?",
+                UserWarning,
+                stacklevel=2,
+            )
     return result

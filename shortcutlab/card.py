@@ -66,6 +66,10 @@ def reporting_card(result: dict) -> str:
         "- Augmentation relative to the split: not recorded here; state it (split first, then augment "
         "training crops only, so augmented copies stay on their source crop's side)",
     ]
+    n_unassigned = split.get("n_unassigned")
+    if n_unassigned:
+        why = " (a factorial design trains on a subset by construction)" if protocol == "factorial" else " (state why they were left out)"
+        lines.append(f"- Crops of the table in no row of the manifest: {n_unassigned:,}{why}")
     measured = r.get("measured") or {}
     cells = measured if "train" not in measured and measured and all(isinstance(v, dict) and "train" in v for v in measured.values()) else {"": measured}
     for name, m in cells.items():
@@ -84,6 +88,6 @@ def reporting_card(result: dict) -> str:
         lines.append(f"- Parents on more than one side: {m.get('parents_crossing')}")
         if m.get("groups_crossing") is not None:
             lines.append(f"- Groups (patients) on more than one side: {m.get('groups_crossing')}")
-        if m.get("n_unassigned"):
+        if m.get("n_unassigned") and (name or m["n_unassigned"] != n_unassigned):
             lines.append(f"- Crops in the table but not in this split: {m['n_unassigned']:,}")
     return "\n".join(lines) + "\n"

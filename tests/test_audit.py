@@ -83,3 +83,28 @@ def test_multi_cell_audit_measures_every_cell():
     assert r["measured"]["leak-low"]["test"]["with_train_sibling"] == 1.0
     assert r["measured"]["clean-low"]["test"]["with_train_sibling"] == 0.0
     assert "### Cell `leak-high`" in reporting_card(r)
+
+
+def test_audit_counts_and_warns_about_crops_missing_from_the_manifest():
+    t = table_from(random_table(30, 4, 2, geometry=False, seed=0))
+    full = parent_split(t, 0.2, seed=0)
+    keep = full.assignments.iloc[7:]  # drop the first seven rows (ids sorted) from the manifest
+    part = SplitManifest(keep, protocol="parent", params=full.params)
+    with pytest.warns(UserWarning, match=f"leaves 7 of the table's {t.n_crops} crops unassigned"):
+        r = audit(t, split=part)
+    assert r["split"]["n_unassigned"] == 7 and r["measured"]["n_unassigned"] == 7
+    assert sum(r["measured"][s]["n_crops"] for s in ("train", "test")) == t.n_crops - 7
+    card = reporting_card(r)
+    assert "Crops of the table in no row of the manifest: 7 (state why they were left out)" in card
+    # A complete manifest says nothing and counts 0.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert audit(t, split=full)["split"]["n_unassigned"] == 0
+        # A factorial's cells train on a subset by design: counted, not warned about.
+        from shortcutlab import factorial_split
+
+        fac = factorial_split(t, seed=0)
+        used = set(fac.assignments["id"])
+        assert audit(t, split=fac)["split"]["n_unassigned"] == t.n_crops - len(used)
