@@ -457,6 +457,14 @@ def main(argv: list[str] | None = None) -> int:
     except ShortcutlabError as e:
         print(f"shortcutlab {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Whoever read our output stopped (`| head`): nothing to report. Point stdout at
+        # /dev/null so that the flush at exit does not fail again (Python's documented recipe).
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):
+            pass  # stdout is not a file (a test's capture)
+        return 1
     except OSError as e:
         # The file system said no after the up-front checks (disk full, a file vanished).
         where = f": {e.filename!r}" if e.filename else ""

@@ -173,3 +173,18 @@ def test_a_file_system_failure_after_the_checks_is_one_line_naming_the_file(tmp_
     assert main(["split", str(tmp_path / "t.csv"), "--parent", "parent", "--label", "label", "--protocol", "crop", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err == f"shortcutlab split: error: No space left on device: {str(out)!r}\n"
+
+
+def test_a_closed_output_pipe_is_not_reported_as_an_error(tmp_path, capsys, monkeypatch):
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    df = random_table(10, 3, 2, geometry=False, seed=4)
+    df.to_csv(tmp_path / "t.csv", index=False)
+    monkeypatch.setattr("sys.stdout", ClosedPipe())  # `shortcutlab audit ... | head -0`
+    assert main(["audit", str(tmp_path / "t.csv"), "--parent", "parent", "--label", "label"]) == 1
+    assert capsys.readouterr().err == ""
