@@ -46,6 +46,63 @@ def _load_table(args):
     )
 
 
+def _check_output_files(table: str | None, outputs: list[tuple[str, str | None]]) -> None:
+    """Refuse, before any work, output files that cannot be written or would overwrite an input.
+
+    Args:
+        table: the input table path (never overwritten), or None.
+        outputs: (option, path) pairs; a None path is an option not given.
+    """
+    from .io import OutputError, check_writable
+
+    seen: dict[str, str] = {}
+    inputs = {os.path.realpath(table): "the input table"} if table else {}
+    for flag, path in outputs:
+        if path is None:
+            continue
+        where = os.path.realpath(path)
+        if where in inputs:
+            raise OutputError(f"{flag} {path!r} is {inputs[where]}; choose another output path")
+        if where in seen:
+            raise OutputError(f"{flag} {path!r} is also the path of {seen[where]}; give each output its own path")
+        seen[where] = flag
+        check_writable(path)
+
+
+def _check_output_folder(path: str, flag: str, *, replaced: bool = False) -> None:
+    """Refuse, before any work, an output folder that cannot be made or written.
+
+    Nothing is created. With `replaced` the folder is built beside `path` and swapped in, so
+    its parent must be writable; otherwise files are written inside it.
+    """
+    from .io import OutputError
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutputError(f"{flag} {path!r} is a file; give a folder")
+    full = os.path.abspath(path)
+    probe = os.path.dirname(full) if replaced else full
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise OutputError(f"cannot write folder {path!r}: {probe!r} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write folder {path!r}: {probe!r} is not writable")
+
+
+def _numbers(text: str, flag: str, kind: type = float, example: str = "") -> list:
+    """Parse a comma-separated option ('0,0.5,1'); a part that is not a number names itself."""
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(kind(part.strip()))
+        except ValueError:
+            what = "integers" if kind is int else "numbers"
+            raise ShortcutlabError(
+                f"{flag} takes comma-separated {what}{example}; {part.strip()!r} is not one (in {text!r})"
+            ) from None
+    return out
+
+
 def _fmt(x) -> str:
     if x is None:
         return "n/a"
@@ -76,10 +133,16 @@ def _print_audit(result: dict) -> None:
         return
     split = result["split"]
     print(f"measured on split ({split['protocol']}, sha256 {split['sha256'][:16]}...)")
+    if result.get("n_unassigned") is not None:  # crops of the table in no cell of the manifest
+        print(f"  table crops missing from the manifest: {result['n_unassigned']}")
     cells = {"": measured} if "parents_crossing" in measured else measured
     for name, m in cells.items():
+        if not isinstance(m, dict):
+            continue  # a figure about the whole manifest, beside its cells
         if name:
             print(f"  cell {name}")
+        if m.get("n_unassigned") is not None:
+            print(f"  table crops not in this {'cell' if name else 'split'}: {m['n_unassigned']}")
         print(f"  {'side':<6} {'crops':>9} {'parents':>8} {'groups':>7} {'w/ train sib':>13} {'w/ overlap':>11}")
         for side in ("train", "val", "test"):
             s = m.get(side)
@@ -101,24 +164,40 @@ def _print_audit(result: dict) -> None:
 def cmd_audit(args) -> int:
     from .audit import audit
     from .card import reporting_card
+    from .io import atomic_files, to_json
     from .manifest import SplitManifest
 
+    _check_output_files(args.table, [("--json", args.json), ("--card", args.card)])
     table = _load_table(args)
     split = SplitManifest.read(args.split) if args.split else None
     result = audit(table, test_fraction=args.test_fraction, split=split, cell=args.cell)
     _print_audit(result)
+    texts = {}
     if args.json:
-        _write(args.json, json.dumps(result, indent=2, default=_json_default) + "\n")
-        print(f"wrote {args.json}")
+        texts[args.json] = to_json(result)
     if args.card:
-        _write(args.card, reporting_card(result))
-        print(f"wrote {args.card}")
+        texts[args.card] = reporting_card(result)
+    # Both files or neither: a card without its figures (or the reverse) is not a report.
+    with atomic_files() as stage:
+        for path, text in texts.items():
+            with open(stage.path(path), "w", encoding="utf-8") as f:
+                f.write(text)
+    for path in texts:
+        print(f"wrote {path}")
     return 0
 
 
 def cmd_split(args) -> int:
+    from .io import OutputError
+    from .manifest import sidecar_path
     from .splits import make_split
 
+    levels = None
+    if args.protocol == "ladder" and args.levels:
+        levels = _numbers(args.levels, "--levels", example=" in [0, 1], e.g. 0,0.5,1")
+    if sidecar_path(args.out) == os.fspath(args.out):
+        raise OutputError(f"--out {args.out!r} would be overwritten by its JSON sidecar; name the manifest *.csv")
+    _check_output_files(args.table, [("--out", args.out), ("the sidecar of --out", sidecar_path(args.out))])
     table = _load_table(args)
     params: dict = {"seed": args.seed}
     p = args.protocol
@@ -139,8 +218,8 @@ def cmd_split(args) -> int:
         params["allocation"] = args.allocation
         if args.reserve_parent_share:
             params["reserve_parent_share"] = args.reserve_parent_share
-    if p == "ladder" and args.levels:
-        params["levels"] = [float(x) for x in args.levels.split(",")]
+    if levels is not None:
+        params["levels"] = levels
     manifest = make_split(table, p, **params)
     digest = manifest.to_csv(args.out)
     print(f"protocol {p}: {len(manifest.assignments)} rows written to {args.out}")
@@ -190,6 +269,7 @@ def cmd_synth(args) -> int:
         params["mechanisms"], params["strengths"] = parse_mechanisms(args.mechanism)
     params["mixed_fields"] = args.mixed_fields
     config = SynthConfig(**params)
+    _check_output_folder(args.out, "--out", replaced=True)
     t0 = time.perf_counter()
     data = synthesize(config)
     t1 = time.perf_counter()
@@ -212,24 +292,6 @@ def cmd_synth(args) -> int:
         f"  audit it: shortcutlab audit {paths['manifest']} --id id --label label --parent parent --box x,y,w,h"
     )
     return 0
-
-
-def _write(path: str, text: str) -> None:
-    d = os.path.dirname(path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def _json_default(o):
-    import numpy as np
-
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def _key_values(items: list[str], flag: str) -> dict:
@@ -263,6 +325,7 @@ def cmd_train(args) -> int:
         adversary_weight=args.adversary_weight,
         device=args.device,
     )
+    _check_output_folder(args.out, "--out")
     table = load_manifest_table(args.manifest, id=args.id, label=args.label, parent=args.parent, image=args.image, mask=args.mask)
     rec = train(table, args.split, args.out, cfg, cell=args.cell, progress=not args.quiet)
     acc = ", ".join(f"{k} {v:.4f}" for k, v in rec.accuracy.items())
@@ -277,12 +340,13 @@ def cmd_demo(args) -> int:
 
     kw = {}
     if args.seeds:
-        kw["seeds"] = tuple(int(s) for s in args.seeds.split(","))
+        kw["seeds"] = tuple(_numbers(args.seeds, "--seeds", int, " (e.g. 0,1,2)"))
     if args.epochs:
         kw["epochs"] = args.epochs
     if args.mechanism:
         kw["mechanisms"] = tuple(m.strip() for m in args.mechanism.split(","))
     cfg = DemoConfig(progress=not args.quiet, **kw)
+    _check_output_folder(args.out, "--out")
     summary = run_demo(args.out, cfg)
     print(f"leak/clean factorial on the synthetic benchmark ({summary['minutes']} min)")
     for cond, eff in summary["mean_leak_effect_pp"].items():
@@ -392,6 +456,19 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ShortcutlabError as e:
         print(f"shortcutlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # Whoever read our output stopped (`| head`): nothing to report. Point stdout at
+        # /dev/null so that the flush at exit does not fail again (Python's documented recipe).
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):
+            pass  # stdout is not a file (a test's capture)
+        return 1
+    except OSError as e:
+        # The file system said no after the up-front checks (disk full, a file vanished).
+        where = f": {e.filename!r}" if e.filename else ""
+        print(f"shortcutlab {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
 
 

@@ -42,8 +42,86 @@ def _resolve(path: str, root: str) -> str:
     return path if os.path.isabs(path) else os.path.join(root, path)
 
 
+# Pillow modes of 16-bit grey images (PNG, TIFF): `.convert("RGB")` clips them at 255, so a
+# 16-bit crop would load white. They are scaled here instead.
+_GREY16 = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _open(path: str, what: str, crop_id: str):
+    """Open and decode one image file; a file Pillow cannot decode is a `TableError`."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    try:
+        im = Image.open(path)
+        im.load()
+        return im
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error, Image.DecompressionBombError) as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise TableError(f"{what} {path!r} (id {crop_id!r}) cannot be read as an image: {reason}") from None
+
+
+def _grey16(im) -> np.ndarray | None:
+    """(H, W) uint32 values in 0 .. 65535 of a 16-bit grey image, else None.
+
+    Older Pillow versions open a 16-bit grey PNG as mode 'I' (32-bit); PNG has no deeper grey,
+    so an 'I' image from a PNG is 16-bit.
+    """
+    if im.mode in _GREY16 or (im.mode == "I" and im.format == "PNG"):
+        return np.asarray(im).astype(np.uint32)
+    return None
+
+
+def _refuse_deep(im, path: str, what: str, crop_id: str) -> None:
+    if im.mode in ("I", "F") or im.mode.startswith("I;"):
+        raise TableError(
+            f"{what} {path!r} (id {crop_id!r}) has Pillow mode {im.mode!r} (32-bit integer, float or signed pixels); "
+            "expected an 8-bit or 16-bit image"
+        )
+
+
+def _read_crop(path: str, crop_id: str) -> np.ndarray:
+    """(H, W, 3) uint8 pixels of a crop; 16-bit grey is scaled by 255 / 65535 and rounded."""
+    with _open(path, "crop image", crop_id) as im:
+        v = _grey16(im)
+        if v is not None:
+            g = ((v * 255 + 32767) // 65535).astype(np.uint8)
+            return np.repeat(g[:, :, None], 3, axis=2)
+        _refuse_deep(im, path, "crop image", crop_id)
+        return np.asarray(im.convert("RGB"))
+
+
+def _read_mask(path: str, crop_id: str) -> np.ndarray:
+    """(H, W) bool mask: foreground where the value is above half the scale (127 of 255)."""
+    with _open(path, "mask", crop_id) as im:
+        v = _grey16(im)
+        if v is not None:
+            full, top = 65535, int(v.max(initial=0))
+            m = v * 2 > full
+        else:
+            _refuse_deep(im, path, "mask", crop_id)
+            g = np.asarray(im.convert("L"))
+            full, top = 255, int(g.max(initial=0))
+            m = g > 127
+    if 0 < top and not m.any():
+        # A label image (0/1) would otherwise give an empty mask, and then an erased crop.
+        raise TableError(
+            f"mask {path!r} (id {crop_id!r}) holds values up to {top} of {full} and so no foreground; "
+            f"masks are foreground above half the scale: save them as 0 and {full}"
+        )
+    return m
+
+
 def load_crops(table: CropTable, root: str | None = None) -> CropImages:
-    """Read every crop (and mask) of `table` with PIL.
+    """Read every crop (and mask) of `table` with Pillow.
+
+    Crops are held as 8-bit RGB. 8-bit files of any Pillow mode are converted to RGB; 16-bit
+    grey files (PNG, TIFF) are scaled to 8 bits (value * 255 / 65535, rounded) and repeated over
+    the three channels; for 16-bit RGB(A) PNGs Pillow keeps the high byte of each sample, which
+    is within one 8-bit level of exact scaling. Masks are foreground where their value is above
+    half the scale (127 for 8-bit files, 32767 for 16-bit). 32-bit and float images are refused.
 
     Args:
         table: a table with an image column (and optionally a mask column).
@@ -51,24 +129,26 @@ def load_crops(table: CropTable, root: str | None = None) -> CropImages:
             CSV, or the working directory for a DataFrame).
 
     Raises:
-        TableError: no image column, a missing file, or crops of different sizes.
+        TableError: no image column; a file that is missing or cannot be decoded (corrupt,
+            truncated, not an image), 32-bit or float pixels, crops of different sizes, a mask
+            of another size than its crop, or a mask with values but none above half the
+            scale (a 0/1 label image). Each names the file and the crop id.
     """
-    from PIL import Image
-
     if not table.has_images:
         raise TableError("loading crops needs an image column (--image COL)")
     if root is None:
         root = os.path.dirname(os.path.abspath(table.source)) if os.path.exists(table.source) else os.getcwd()
     paths = table.frame["image"].tolist()
     mask_paths = table.frame["mask"].tolist() if "mask" in table.frame.columns else None
+    ids = table.ids
     first_shape = None
     imgs = None
     masks = None
     for i, p in enumerate(paths):
         full = _resolve(p, root)
         if not os.path.exists(full):
-            raise TableError(f"crop image {full!r} (row {i}, id {table.ids[i]!r}) does not exist")
-        arr = np.asarray(Image.open(full).convert("RGB"))
+            raise TableError(f"crop image {full!r} (id {ids[i]!r}) does not exist")
+        arr = _read_crop(full, ids[i])
         if first_shape is None:
             first_shape = arr.shape
             imgs = np.empty((len(paths), 3, arr.shape[0], arr.shape[1]), dtype=np.uint8)
@@ -76,16 +156,19 @@ def load_crops(table: CropTable, root: str | None = None) -> CropImages:
                 masks = np.empty((len(paths), 1, arr.shape[0], arr.shape[1]), dtype=bool)
         elif arr.shape != first_shape:
             raise TableError(
-                f"crops must all have one size; {full!r} (id {table.ids[i]!r}) is {arr.shape[1]} x {arr.shape[0]} "
+                f"crops must all have one size; {full!r} (id {ids[i]!r}) is {arr.shape[1]} x {arr.shape[0]} "
                 f"but the first crop is {first_shape[1]} x {first_shape[0]}; resize them first"
             )
         imgs[i] = arr.transpose(2, 0, 1)
         if mask_paths is not None:
             mfull = _resolve(mask_paths[i], root)
             if not os.path.exists(mfull):
-                raise TableError(f"mask {mfull!r} (row {i}, id {table.ids[i]!r}) does not exist")
-            m = np.asarray(Image.open(mfull).convert("L"))
+                raise TableError(f"mask {mfull!r} (id {ids[i]!r}) does not exist")
+            m = _read_mask(mfull, ids[i])
             if m.shape != first_shape[:2]:
-                raise TableError(f"mask {mfull!r} is {m.shape[1]} x {m.shape[0]}, its crop is {first_shape[1]} x {first_shape[0]}")
-            masks[i, 0] = m > 127
+                raise TableError(
+                    f"mask {mfull!r} (id {ids[i]!r}) is {m.shape[1]} x {m.shape[0]}, "
+                    f"its crop is {first_shape[1]} x {first_shape[0]}"
+                )
+            masks[i, 0] = m
     return CropImages(torch.from_numpy(imgs), None if masks is None else torch.from_numpy(masks), table)

@@ -71,7 +71,6 @@ import difflib
 import json
 import math
 import os
-import shutil
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +84,7 @@ from scipy import ndimage
 from scipy.special import ndtri
 
 from .errors import ShortcutlabError
+from .io import atomic_dir
 
 MECHANISMS: tuple[str, ...] = ("color", "illumination", "background", "focus", "noise")
 """Acquisition mechanisms, in the order their parameters are drawn and applied."""
@@ -1064,8 +1064,12 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
     (id, path, mask, label, parent, x, y, w, h; `path` and `mask` are relative to the folder
     holding manifest.csv), ``cells.csv`` (planted morphology per crop) and ``synth.json`` (every
     generating parameter, class means and each field's signature). The same data gives
-    byte-identical files. A folder holding an earlier benchmark (synth.json) is replaced; any
-    other non-empty folder is refused.
+    byte-identical files. A folder holding an earlier benchmark (synth.json) is replaced whole;
+    any other non-empty folder is refused.
+
+    The benchmark is built in a temporary folder beside `out_dir` and swapped in only once
+    every file is written, so a write that fails (a full disk, Ctrl-C) leaves the earlier
+    benchmark, or no folder, and no temporary folder.
 
     Args:
         data: from `synthesize`.
@@ -1078,6 +1082,11 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
     Returns:
         Paths: out_dir, manifest, json, cells, crops, masks.
 
+    Raises:
+        SynthError: `out_dir` is a file, a non-empty folder without synth.json, or holds the
+            working directory (it is replaced whole).
+        OutputError: the folder beside which it is built cannot be written.
+
     Example:
         >>> from shortcutlab import CropTable
         >>> paths = write_synth(synthesize(SynthConfig(fields_per_class=1)), "synth_demo")  # doctest: +SKIP
@@ -1089,17 +1098,35 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
     compress_level = int(compress_level)
     if not 0 <= compress_level <= 9:
         raise SynthError(f"compress_level must be 0 .. 9, got {compress_level}")
+    workers = _workers(workers)
     out = os.fspath(out_dir)
     if os.path.exists(out) and not os.path.isdir(out):
         raise SynthError(f"output folder {out!r} is a file; choose a folder")
-    if os.path.isdir(out) and os.listdir(out):
-        if not os.path.exists(os.path.join(out, "synth.json")):
-            raise SynthError(f"output folder {out!r} is not empty and holds no synthetic benchmark (synth.json); choose a new folder")
-        for sub in ("crops", "masks"):
-            shutil.rmtree(os.path.join(out, sub), ignore_errors=True)
+    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "synth.json")):
+        raise SynthError(f"output folder {out!r} is not empty and holds no synthetic benchmark (synth.json); choose a new folder")
+    target, here = os.path.realpath(out), os.path.realpath(os.getcwd())
+    if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
+        raise SynthError(f"output folder {out!r} holds the working directory, and the benchmark folder is replaced whole; choose a subfolder")
+    with atomic_dir(out) as tmp:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # a temporary folder is private (0700); the benchmark is not
+        _write_files(data, tmp, compress_level, workers)
+    return {
+        "out_dir": out,
+        "manifest": os.path.join(out, "manifest.csv"),
+        "json": os.path.join(out, "synth.json"),
+        "cells": os.path.join(out, "cells.csv"),
+        "crops": os.path.join(out, "crops"),
+        "masks": os.path.join(out, "masks"),
+    }
+
+
+def _write_files(data: SynthData, out: str, compress_level: int, workers: int) -> None:
+    """Write every file of a benchmark into the (new, empty) folder `out`."""
     crops_dir, masks_dir = os.path.join(out, "crops"), os.path.join(out, "masks")
-    os.makedirs(crops_dir, exist_ok=True)
-    os.makedirs(masks_dir, exist_ok=True)
+    os.makedirs(crops_dir)
+    os.makedirs(masks_dir)
 
     ids = data.table["id"].tolist()
     mask_level = max(compress_level, 1)  # masks deflate to a few hundred bytes, quickly
@@ -1113,7 +1140,7 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
             _write_bytes(os.path.join(crops_dir, ids[i] + ".png"), _png(rows[k], 3, compress_level))
             _write_bytes(os.path.join(masks_dir, ids[i] + ".png"), _png(mrows[k], 1, mask_level))
 
-    _run(work, range(0, len(ids), step), _workers(workers))
+    _run(work, range(0, len(ids), step), workers)
 
     t = data.table
     manifest = pd.DataFrame(
@@ -1126,20 +1153,11 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
             "x": t["x"], "y": t["y"], "w": t["w"], "h": t["h"],
         }
     )
-    paths = {
-        "out_dir": out,
-        "manifest": os.path.join(out, "manifest.csv"),
-        "json": os.path.join(out, "synth.json"),
-        "cells": os.path.join(out, "cells.csv"),
-        "crops": crops_dir,
-        "masks": masks_dir,
-    }
-    manifest.to_csv(paths["manifest"], index=False, lineterminator="\n")
+    manifest.to_csv(os.path.join(out, "manifest.csv"), index=False, lineterminator="\n")
     if data.cells is not None:
-        data.cells.to_csv(paths["cells"], index=False, lineterminator="\n")
-    with open(paths["json"], "w") as fh:
+        data.cells.to_csv(os.path.join(out, "cells.csv"), index=False, lineterminator="\n")
+    with open(os.path.join(out, "synth.json"), "w") as fh:
         fh.write(json.dumps(_json_document(data), indent=2) + "\n")
-    return paths
 
 
 def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> SynthData:

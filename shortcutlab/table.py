@@ -17,6 +17,11 @@ w, h      optional box width and height in pixels (float, > 0)
 Rows are kept sorted by id so that every computation (and every seeded split) is independent
 of the row order of the file the table came from.
 
+Surrounding whitespace is stripped from id, label, parent, group and phash values, wherever
+the table comes from: ``'HSIL '`` and ``'HSIL'`` are one class, ``' 12'`` and ``'12'`` one
+parent. A value that is only whitespace counts as empty and is refused. Image and mask paths
+are kept exactly as written.
+
 Example:
     >>> import pandas as pd
     >>> df = pd.DataFrame({"cell": [1, 2, 3], "cls": ["a", "a", "b"], "img": [7, 7, 8]})
@@ -40,6 +45,8 @@ from .errors import TableError, first_rows
 ColumnSpec = str | Sequence[str] | None
 
 _STRING_COLUMNS = ("id", "label", "parent", "group", "image", "mask", "phash")
+# Names, not paths: ' HSIL' and 'HSIL' are one class, so surrounding whitespace is dropped.
+_STRIPPED_COLUMNS = ("id", "label", "parent", "group", "phash")
 _GEOMETRY = ("x", "y", "w", "h")
 
 
@@ -60,7 +67,8 @@ class CropTable:
     """A validated crop -> parent table.
 
     Build one with `CropTable.from_csv` or `CropTable.from_frame`; the constructor takes an
-    already canonical frame (see the module docstring) and validates it again.
+    already canonical frame (see the module docstring) and validates it again. Ids, labels,
+    parents, groups and hashes lose surrounding whitespace; image and mask paths do not.
 
     Attributes:
         frame: the canonical DataFrame, sorted by id, with a default RangeIndex.
@@ -201,6 +209,8 @@ class CropTable:
         path = os.fspath(path)
         if not os.path.exists(path):
             raise TableError(f"table file {path!r} does not exist")
+        if os.path.isdir(path):
+            raise TableError(f"table file {path!r} is a folder; give the CSV file inside it")
         string_roles = [columns.get(k, k if k in ("label", "parent") else None) for k in ("label", "parent", "group", "image", "mask", "phash")]
         string_roles += _as_columns(columns.get("id"), None, "id") or []
         dtype = {c: str for c in string_roles if isinstance(c, str)}
@@ -209,6 +219,13 @@ class CropTable:
             df = pd.read_csv(path, dtype=dtype, keep_default_na=False, na_values=[""])
         except pd.errors.EmptyDataError:
             raise TableError(f"table file {path!r} is empty") from None
+        except UnicodeDecodeError:
+            raise TableError(_not_utf8(path)) from None
+        except pd.errors.ParserError as e:
+            reason = " ".join(str(e).split()).removeprefix("Error tokenizing data. C error: ")
+            raise TableError(f"table file {path!r} is not a readable CSV file: {reason}") from None
+        except OSError as e:
+            raise TableError(f"table file {path!r} cannot be read: {e.strerror or e}") from None
         return cls.from_frame(df, source=path, **columns)
 
     # ------------------------------------------------------------------ views
@@ -343,6 +360,21 @@ class CropTable:
 
 
 # ---------------------------------------------------------------------- helpers
+def _not_utf8(path: str) -> str:
+    """Message for a table that is not UTF-8: the first bad byte, its offset and its line."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return (
+            f"table file {path!r} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
+            f"(line {line}) ({e.reason}); save it as UTF-8"
+        )
+    return f"table file {path!r} is not UTF-8 text; save it as UTF-8"
+
+
 def _as_string(col: pd.Series, what: str) -> pd.Series:
     """Strings, with missing values kept as None (validated later).
 
@@ -385,6 +417,10 @@ def _validate(frame: pd.DataFrame) -> pd.DataFrame:
     if unknown:
         raise TableError(f"unexpected canonical columns {unknown}; expected a subset of {_STRING_COLUMNS + _GEOMETRY}")
     frame = frame.reset_index(drop=True)
+    for col in _STRIPPED_COLUMNS:
+        if col in frame.columns:
+            values = frame[col].to_numpy(dtype=object)
+            frame[col] = np.array([v.strip() if isinstance(v, str) else v for v in values], dtype=object)
     ids = frame["id"].to_numpy(dtype=object)
 
     for col in _STRING_COLUMNS:

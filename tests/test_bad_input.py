@@ -49,7 +49,213 @@ def cli_error(argv: list[str], capsys) -> str:
 
 
 # --- tables, crop images and the CLI's table loading ----------------------------------------
-TABLE_CASES: list[Case] = []
+import io as _io  # noqa: E402  (imports of this section, kept beside the cases that use them)
+
+import numpy as _np  # noqa: E402
+import pandas as _pd  # noqa: E402
+
+from shortcutlab import CropTable, TableError  # noqa: E402
+from shortcutlab.synth import SynthError  # noqa: E402
+
+_LATIN1_TABLE = "id,label,parent\n1,a,p\n2,caf\u00e9,p\n".encode("latin-1")
+_LATIN1_OFFSET = _LATIN1_TABLE.index(b"\xe9")  # where a UTF-8 decoder first fails
+_NOISE = _np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=_np.uint8)  # a PNG whose pixels fill 200 bytes
+TABLE_ARGS = ["--parent", "parent", "--label", "label", "--id", "id"]
+
+
+def _frame(**cols) -> _pd.DataFrame:
+    return _pd.DataFrame({"id": ["a", "b", "c"], "label": ["x", "y", "x"], "parent": ["p", "q", "q"], **cols})
+
+
+def _table(frame, **kw) -> CropTable:
+    return CropTable.from_frame(frame, id="id", **kw)
+
+
+def _csv(tmp_path, data: bytes | str, name: str = "t.csv") -> str:
+    path = tmp_path / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(path)
+
+
+def _from_csv(path) -> CropTable:
+    return CropTable.from_csv(path, id="id")
+
+
+def _image_bytes(arr, fmt: str = "PNG") -> bytes:
+    from PIL import Image
+
+    buf = _io.BytesIO()
+    Image.fromarray(arr).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _crops(tmp_path, image: bytes | None = None, mask: bytes | None = None, name: str = "c1.png"):
+    """Load two 8 x 8 crops: c0 is fine, c1 is written from `image` (its mask from `mask`)."""
+    from shortcutlab.data import load_crops
+
+    files = {"c0.png": _image_bytes(_np.full((8, 8, 3), 7, _np.uint8))}
+    if image is not None:
+        files[name] = image
+    cols = {"image": ["c0.png", name]}
+    if mask is not None:
+        files.update({"m0.png": _image_bytes(_np.full((8, 8), 255, _np.uint8)), "m1.png": mask})
+        cols["mask"] = ["m0.png", "m1.png"]
+    for file, data in files.items():
+        (tmp_path / file).write_bytes(data)
+    if image is None and name == "c1.png":
+        (tmp_path / name).write_bytes(files["c0.png"])
+    df = _pd.DataFrame({"id": ["c0", "c1"], "label": "x", "parent": "p", **cols})
+    table = _table(df, image="image", mask="mask" if mask is not None else None)
+    return load_crops(table, root=str(tmp_path))
+
+
+def _synth(out: str):
+    from shortcutlab.synth import SynthConfig, synthesize, write_synth
+
+    return write_synth(synthesize(SynthConfig(fields_per_class=1, crop_size=8)), out)
+
+
+def _synth_into_a_folder_of_notes(tmp_path):
+    _csv(tmp_path, "mine", name="notes.txt")
+    return _synth(str(tmp_path))
+
+
+TABLE_CASES: list[Case] = [
+    Case("parent-column-misspelled", lambda t: _table(_frame(), parent="slide"), TableError,
+         ("parent column 'slide' is missing", "id, label, parent")),
+    Case("label-column-missing", lambda t: _table(_frame(), label="cls"), TableError, ("label column 'cls'", "columns are")),
+    Case("id-column-missing", lambda t: _table(_frame().drop(columns="id")), TableError, ("id column 'id'",)),
+    Case("nan-parent", lambda t: _table(_frame(parent=["p", None, "q"])), TableError, ("column 'parent'", "row 1", "'b'")),
+    Case("empty-label-in-csv", lambda t: _from_csv(_csv(t, "id,label,parent\na,,p\nb,x,p\n")), TableError,
+         ("column 'label'", "row 0", "'a'")),
+    Case("whitespace-only-label", lambda t: _table(_frame(label=["x", "   ", "y"])), TableError,
+         ("column 'label'", "row 1", "'b'")),
+    Case("duplicate-ids", lambda t: _table(_frame(id=["a", "b", "a"])), TableError, ("id 'a'", "rows 0, 2")),
+    Case("ids-equal-once-stripped", lambda t: _table(_frame(id=["a", "a ", "c"])), TableError, ("id 'a'", "rows 0, 1")),
+    Case("table-file-missing", lambda t: _from_csv(t / "nope.csv"), TableError, ("nope.csv", "does not exist")),
+    Case("table-file-empty", lambda t: _from_csv(_csv(t, "")), TableError, ("t.csv", "empty")),
+    Case("table-path-is-a-folder", lambda t: _from_csv(t), TableError, ("is a folder",)),
+    Case("table-not-utf8", lambda t: _from_csv(_csv(t, _LATIN1_TABLE)), TableError,
+         ("t.csv", "not UTF-8", "0xe9", f"offset {_LATIN1_OFFSET}", "line 3")),
+    Case("table-malformed-csv", lambda t: _from_csv(_csv(t, "id,label,parent\na,x,p\nb,x,p,extra\n")), TableError,
+         ("t.csv", "expected 3 fields in line 3, saw 4")),
+    Case("crop-image-missing", lambda t: _crops(t, name="gone.png"), TableError, ("gone.png", "id 'c1'", "does not exist")),
+    Case("crop-image-corrupt", lambda t: _crops(t, image=b"\x89PNG garbage" * 5), TableError,
+         ("c1.png", "id 'c1'", "cannot be read")),
+    Case("crop-image-truncated", lambda t: _crops(t, image=_image_bytes(_NOISE)[:100]), TableError,
+         ("c1.png", "id 'c1'", "cannot be read")),
+    Case("crop-image-float", lambda t: _crops(t, image=_image_bytes(_np.zeros((8, 8), _np.float32), "TIFF"), name="c1.tif"),
+         TableError, ("c1.tif", "id 'c1'", "mode 'F'", "8-bit or 16-bit")),
+    Case("crop-of-another-size", lambda t: _crops(t, image=_image_bytes(_np.zeros((9, 8, 3), _np.uint8))), TableError,
+         ("c1.png", "id 'c1'", "8 x 9", "8 x 8")),
+    Case("mask-truncated", lambda t: _crops(t, mask=_image_bytes(_np.full((8, 8), 255, _np.uint8))[:50]), TableError,
+         ("m1.png", "id 'c1'", "cannot be read")),
+    Case("mask-of-another-size", lambda t: _crops(t, mask=_image_bytes(_np.full((4, 8), 255, _np.uint8))), TableError,
+         ("m1.png", "id 'c1'", "8 x 4")),
+    Case("mask-is-a-0-1-label-image", lambda t: _crops(t, mask=_image_bytes(_np.ones((8, 8), _np.uint8))), TableError,
+         ("m1.png", "id 'c1'", "values up to 1 of 255", "0 and 255")),
+    Case("synth-out-is-a-file", lambda t: _synth(_csv(t, "mine", name="notes.txt")), SynthError, ("notes.txt", "is a file")),
+    Case("synth-out-holds-other-files", _synth_into_a_folder_of_notes, SynthError, ("not empty", "synth.json")),
+]
+
+
+@pytest.fixture
+def table_csv(tmp_path) -> str:
+    from shortcutlab.random_tables import random_table
+
+    path = tmp_path / "t.csv"
+    random_table(8, 3, 2, geometry=False, seed=0).to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Every command's work fails loudly: output checks must come before it."""
+    import shortcutlab.demo
+    import shortcutlab.recipe
+    import shortcutlab.synth
+
+    def boom(*a, **k):
+        raise AssertionError("the command started its work before checking its outputs")
+
+    monkeypatch.setattr(CropTable, "from_csv", classmethod(boom))
+    monkeypatch.setattr(shortcutlab.synth, "synthesize", boom)
+    monkeypatch.setattr(shortcutlab.recipe, "load_manifest_table", boom)
+    monkeypatch.setattr(shortcutlab.demo, "run_demo", boom)
+
+
+def _fill(argv: list[str], **values: str) -> list[str]:
+    for key, value in values.items():
+        argv = [a.replace("{" + key + "}", value) for a in argv]
+    return argv
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["audit", "{table}", *TABLE_ARGS, "--json", "{file}/a.json"], ("a.json", "is a file, not a folder")),
+        (["audit", "{table}", *TABLE_ARGS, "--card", "{dir}"], ("out_dir", "is a folder")),
+        (["audit", "{table}", *TABLE_ARGS, "--json", "{table}"], ("--json", "t.csv", "input table")),
+        (["audit", "{table}", *TABLE_ARGS, "--json", "{dir}/r", "--card", "{dir}/r"], ("--card", "also the path of --json")),
+        (["split", "{table}", *TABLE_ARGS, "--protocol", "crop", "--out", "{file}/m.csv"], ("m.csv", "is a file, not a folder")),
+        (["split", "{table}", *TABLE_ARGS, "--protocol", "crop", "--out", "{dir}"], ("out_dir", "is a folder")),
+        (["split", "{table}", *TABLE_ARGS, "--protocol", "crop", "--out", "{dir}/m.json"], ("m.json", "sidecar", "*.csv")),
+        (["split", "{table}", *TABLE_ARGS, "--protocol", "crop", "--out", "{dir}/side.csv"], ("side.json", "is a folder")),
+        (["synth", "--out", "{file}"], ("--out", "blocker", "is a file")),
+        (["synth", "--out", "{file}/bench"], ("bench", "blocker", "is a file, not a folder")),
+        (["train", "--manifest", "m.csv", "--split", "s.csv", "--out", "{file}"], ("--out", "blocker", "is a file")),
+        (["demo", "--out", "{file}/demo"], ("demo", "blocker", "is a file, not a folder")),
+    ],
+    ids=["audit-json-under-a-file", "audit-card-is-a-folder", "audit-json-is-the-table", "audit-json-is-the-card",
+         "split-out-under-a-file", "split-out-is-a-folder", "split-out-is-its-sidecar", "split-sidecar-is-a-folder",
+         "synth-out-is-a-file", "synth-out-under-a-file", "train-out-is-a-file", "demo-out-under-a-file"],
+)
+def test_cli_outputs_that_cannot_be_written_are_refused_before_the_work(argv, names, tmp_path, table_csv, capsys, no_work):
+    (tmp_path / "blocker").write_text("a file where a folder should be")
+    (tmp_path / "out_dir" / "side.json").mkdir(parents=True)
+    argv = _fill(argv, table=table_csv, file=str(tmp_path / "blocker"), dir=str(tmp_path / "out_dir"))
+    line = cli_error(argv, capsys)
+    assert line.startswith(f"shortcutlab {argv[0]}: error: ")
+    for name in names:
+        assert name.lower() in line.lower(), f"{line!r} does not name {name!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker", "out_dir", "t.csv"]
+    assert [p.name for p in (tmp_path / "out_dir").iterdir()] == ["side.json"]
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["split", "{table}", *TABLE_ARGS, "--protocol", "ladder", "--levels", "0,abc", "--out", "{tmp}/m.csv"],
+         ("--levels", "'abc'", "numbers")),
+        (["split", "{table}", *TABLE_ARGS, "--protocol", "ladder", "--levels", "0,,1", "--out", "{tmp}/m.csv"],
+         ("--levels", "''", "'0,,1'")),
+        (["demo", "--seeds", "0,one", "--out", "{tmp}/demo"], ("--seeds", "'one'", "integers")),
+        (["audit", "{tmp}", *TABLE_ARGS], ("is a folder",)),
+        (["split", "{latin1}", *TABLE_ARGS, "--protocol", "crop", "--out", "{tmp}/m.csv"], ("latin1.csv", "not UTF-8", "line 3")),
+    ],
+    ids=["levels-not-a-number", "levels-empty-part", "seeds-not-an-integer", "table-is-a-folder", "table-not-utf8"],
+)
+def test_cli_bad_values_and_tables_name_the_culprit(argv, names, tmp_path, table_csv, capsys):
+    latin1 = _csv(tmp_path, _LATIN1_TABLE, name="latin1.csv")
+    line = cli_error(_fill(argv, table=table_csv, tmp=str(tmp_path), latin1=latin1), capsys)
+    for name in names:
+        assert name.lower() in line.lower(), f"{line!r} does not name {name!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latin1.csv", "t.csv"]
+
+
+def test_cli_train_names_a_corrupt_crop_and_its_id(tmp_path, capsys):
+    from shortcutlab.cli import main
+
+    _synth(str(tmp_path / "bench"))
+    crops = sorted((tmp_path / "bench" / "crops").iterdir())
+    victim = crops[3]
+    victim.write_bytes(victim.read_bytes()[:40])  # truncated
+    manifest, split = str(tmp_path / "bench" / "manifest.csv"), str(tmp_path / "s.csv")
+    assert main(["split", manifest, *TABLE_ARGS, "--protocol", "crop", "--out", split]) == 0
+    capsys.readouterr()
+    line = cli_error(["train", "--manifest", manifest, "--split", split, "--out", str(tmp_path / "run"), "--epochs", "1", "--quiet"], capsys)
+    assert victim.name in line and f"id '{victim.stem}'" in line and "cannot be read" in line
+    assert not (tmp_path / "run" / "run.json").exists()
 
 
 # --- splits, near-duplicate linking and manifests ---------------------------------------------

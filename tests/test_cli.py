@@ -87,11 +87,104 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
         main(["split", *CRIC_ARGS, "--protocol", "nope", "--out", "x.csv"])
 
 
-def test_console_script_is_installed():
-    import shutil
+def test_python_m_runs_the_command_line_of_this_checkout(tmp_path):
+    """Through a real process, independent of PATH and of which copy pip installed."""
+    import os
     import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
 
-    exe = shutil.which("shortcutlab")
-    assert exe, "the shortcutlab console script is not on PATH; install the package with pip install -e ."
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
-    assert out.stdout.startswith("shortcutlab ")
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    for module in ("shortcutlab", "shortcutlab.cli"):
+        out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, cwd=tmp_path, env=env)
+        assert out.returncode == 0 and out.stdout == f"shortcutlab {project['version']}\n", out
+    # A bad option value: exit 2, one line, no traceback, from the process itself.
+    df = random_table(6, 3, 2, geometry=False, seed=0)
+    df.to_csv(tmp_path / "t.csv", index=False)
+    argv = ["t.csv", "--parent", "parent", "--label", "label", "--protocol", "ladder", "--levels", "0,abc", "--out", "m.csv"]
+    out = subprocess.run([sys.executable, "-m", "shortcutlab", "split", *argv], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("shortcutlab split: error: ") and "'abc'" in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "m.csv").exists()
+    # The console script that pip installs calls this same function.
+    module, _, func = project["scripts"]["shortcutlab"].partition(":")
+    assert (module, func) == ("shortcutlab.cli", "main") and callable(main)
+
+
+def test_audit_writes_json_and_card_together_or_neither(tmp_path, monkeypatch):
+    import shortcutlab.card
+
+    df = random_table(30, 3, 2, geometry=False, seed=1)
+    df.to_csv(tmp_path / "t.csv", index=False)
+    args = ["audit", str(tmp_path / "t.csv"), "--parent", "parent", "--label", "label", "--id", "id"]
+    js, card = tmp_path / "a.json", tmp_path / "c.md"
+    js.write_text("earlier figures")
+    # The card fails while it is written (a character UTF-8 cannot hold stands in for a full disk).
+    monkeypatch.setattr(shortcutlab.card, "reporting_card", lambda result: "# card\n" + "\ud800")
+    with pytest.raises(UnicodeEncodeError):
+        main([*args, "--json", str(js), "--card", str(card)])
+    assert js.read_text() == "earlier figures" and not card.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "t.csv"]  # no temporary file left
+    monkeypatch.undo()
+    assert main([*args, "--json", str(js), "--card", str(card)]) == 0
+    assert json.loads(js.read_text())["n_crops"] == len(df) and card.read_text().startswith("#")
+
+
+def test_audit_reports_table_crops_missing_from_the_split(tmp_path, capsys):
+    from shortcutlab.cli import _print_audit
+
+    df = random_table(30, 3, 2, geometry=False, seed=2)
+    df.to_csv(tmp_path / "t.csv", index=False)
+    args = [str(tmp_path / "t.csv"), "--parent", "parent", "--label", "label", "--id", "id"]
+    man = tmp_path / "m.csv"
+    assert main(["split", *args, "--protocol", "parent", "--out", str(man)]) == 0
+    rows = man.read_text().splitlines()
+    man.write_text("\n".join(rows[:-7]) + "\n")  # the manifest loses 7 crops of the table
+    capsys.readouterr()
+    assert main(["audit", *args, "--split", str(man)]) == 0
+    assert "table crops not in this split: 7" in capsys.readouterr().out
+    # A count about the whole manifest, at the top or beside the cells, is printed too.
+    result = {
+        "source": "t", "n_crops": 3, "n_parents": 2, "n_groups": None, "n_classes": 1, "test_fraction": 0.2,
+        "sibling_share": 0.5, "exposure": 0.5, "diversity_ratio": 1.0, "pixel_overlap": None, "overlap_share": None,
+        "n_unassigned": 4, "split": {"protocol": "factorial", "sha256": "ab" * 32},
+        "measured": {"n_unassigned": 4, "leak": {"n_unassigned": 1, "parents_crossing": 0, "groups_crossing": None}},
+    }
+    _print_audit(result)
+    out = capsys.readouterr().out
+    assert "table crops missing from the manifest: 4" in out and "cell leak" in out and "not in this cell: 1" in out
+
+
+def test_a_file_system_failure_after_the_checks_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from shortcutlab.manifest import SplitManifest
+
+    def disk_full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(SplitManifest, "to_csv", disk_full)
+    df = random_table(10, 3, 2, geometry=False, seed=3)
+    df.to_csv(tmp_path / "t.csv", index=False)
+    out = tmp_path / "m.csv"
+    assert main(["split", str(tmp_path / "t.csv"), "--parent", "parent", "--label", "label", "--protocol", "crop", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"shortcutlab split: error: No space left on device: {str(out)!r}\n"
+
+
+def test_a_closed_output_pipe_is_not_reported_as_an_error(tmp_path, capsys, monkeypatch):
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    df = random_table(10, 3, 2, geometry=False, seed=4)
+    df.to_csv(tmp_path / "t.csv", index=False)
+    monkeypatch.setattr("sys.stdout", ClosedPipe())  # `shortcutlab audit ... | head -0`
+    assert main(["audit", str(tmp_path / "t.csv"), "--parent", "parent", "--label", "label"]) == 1
+    assert capsys.readouterr().err == ""

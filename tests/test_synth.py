@@ -400,6 +400,58 @@ def test_write_replaces_an_earlier_benchmark_and_refuses_other_folders(tmp_path)
         load_synth(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("fail_in, error", [("_png", OSError), ("_json_document", KeyboardInterrupt)])
+def test_a_failed_rewrite_leaves_the_earlier_benchmark_intact(tmp_path, monkeypatch, fail_in, error):
+    import shortcutlab.synth as synth_module
+
+    out = tmp_path / "b"
+    write_synth(synthesize(SynthConfig(fields_per_class=2, crop_size=16, seed=1)), out)
+    before = _files(out)
+    real, calls = getattr(synth_module, fail_in), []
+
+    def failing(*args, **kw):
+        calls.append(1)
+        if len(calls) > 5 or fail_in == "_json_document":  # a few crops in, or at the last file
+            raise error("disk full")
+        return real(*args, **kw)
+
+    d = synthesize(SynthConfig(fields_per_class=1, crop_size=16, seed=7))
+    monkeypatch.setattr(synth_module, fail_in, failing)
+    with pytest.raises(error):
+        write_synth(d, out, workers=1)
+    assert _files(out) == before
+    assert os.listdir(tmp_path) == ["b"]  # no temporary folder left beside it
+    calls.clear()
+    with pytest.raises(error):
+        write_synth(d, tmp_path / "new", workers=1)
+    assert os.listdir(tmp_path) == ["b"]  # a failed first write leaves no folder at all
+
+
+def test_a_rewrite_leaves_no_file_of_the_earlier_benchmark(tmp_path):
+    import dataclasses
+    import stat
+
+    out = tmp_path / "b"
+    write_synth(synthesize(SynthConfig(fields_per_class=2, crop_size=16, seed=1)), out)
+    assert (out / "cells.csv").exists()
+    d = dataclasses.replace(synthesize(SynthConfig(fields_per_class=1, crop_size=16, seed=2)), cells=None)
+    write_synth(d, out)
+    # A cells.csv of the earlier benchmark would describe crops the new manifest does not have.
+    assert sorted(os.listdir(out)) == ["crops", "manifest.csv", "masks", "synth.json"]
+    assert sorted(os.listdir(out / "crops")) == sorted(i + ".png" for i in d.table["id"])
+    # The folder is as readable as one made with mkdir, not private like a temporary folder.
+    (tmp_path / "plain").mkdir()
+    assert stat.S_IMODE(os.stat(out).st_mode) == stat.S_IMODE(os.stat(tmp_path / "plain").st_mode)
+
+
+def test_the_working_directory_is_not_replaced(tmp_path, monkeypatch):
+    d = synthesize(SynthConfig(fields_per_class=1, crop_size=16, seed=2))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SynthError, match="holds the working directory"):
+        write_synth(d, ".")
+    assert os.listdir(tmp_path) == []
+
+
 def test_cli_writes_the_benchmark(tmp_path, capsys):
     out = tmp_path / "cli"
     argv = ["synth", "--out", str(out), "--seed", "3", "--fields-per-class", "2", "--crop-size", "32"]

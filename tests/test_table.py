@@ -113,3 +113,52 @@ def test_missing_file_and_empty_table(tmp_path):
 def test_cric_table(cric):
     assert cric.n_crops == 11534 and cric.n_parents == 400 and cric.n_classes == 6
     assert cric.parent_sizes.min() == 2
+
+
+def test_surrounding_whitespace_does_not_make_new_classes_parents_or_ids(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text(
+        "id,label,parent,patient,img\n"
+        "1,HSIL,f1,A,a.png\n"
+        " 2,HSIL ,f1 ,A , b.png\n"
+        "3 , HSIL,f2,B,c.png\n"
+        "4,NILM,\tf2,B,d.png \n"
+    )
+    t = CropTable.from_csv(p, id="id", label="label", parent="parent", group="patient", image="img")
+    assert t.classes == ("HSIL", "NILM")
+    assert list(t.parents) == ["f1", "f2"] and t.n_groups == 2
+    assert list(t.ids) == ["1", "2", "3", "4"]
+    np.testing.assert_array_equal(t.class_counts_per_unit("parent"), [[2, 0], [1, 1]])
+    # Paths are not names: they are kept as written.
+    assert list(t.frame["image"]) == ["a.png", " b.png", "c.png", "d.png "]
+    df = pd.DataFrame({"id": ["a", "b"], "label": ["x ", "x"], "parent": ["p", " p"]})
+    t2 = CropTable.from_frame(df, id="id")
+    assert t2.classes == ("x",) and t2.n_parents == 1
+
+
+def test_whitespace_only_values_and_ids_that_collide_once_stripped_are_refused():
+    df = pd.DataFrame({"id": ["a", "b"], "label": ["x", "  "], "parent": "p"})
+    with pytest.raises(TableError, match=r"column 'label' is empty or NaN in row 1 \(id 'b'\)"):
+        CropTable.from_frame(df, id="id")
+    df = pd.DataFrame({"id": ["a", "a "], "label": "x", "parent": "p"})
+    with pytest.raises(TableError, match=r"id 'a' and others repeat in rows 0, 1"):
+        CropTable.from_frame(df, id="id")
+
+
+def test_a_table_that_is_not_utf8_names_the_byte_offset_and_line(tmp_path):
+    data = "id,label,parent\n1,a,p\n2,caf\u00e9,p\n".encode("latin-1")
+    (tmp_path / "t.csv").write_bytes(data)
+    offset = data.index(b"\xe9")
+    with pytest.raises(TableError) as info:
+        CropTable.from_csv(tmp_path / "t.csv", id="id")
+    msg = str(info.value)
+    assert "t.csv" in msg and "not UTF-8" in msg
+    assert f"byte 0xe9 at offset {offset} (line 3)" in msg
+
+
+def test_a_folder_or_a_malformed_csv_is_refused_with_the_file_named(tmp_path):
+    with pytest.raises(TableError, match=r"is a folder"):
+        CropTable.from_csv(tmp_path, id="id")
+    (tmp_path / "t.csv").write_text("id,label,parent\n1,a,p\n2,b,p,extra\n")
+    with pytest.raises(TableError, match=r"t\.csv' is not a readable CSV file: Expected 3 fields in line 3, saw 4"):
+        CropTable.from_csv(tmp_path / "t.csv", id="id")

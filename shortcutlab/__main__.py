@@ -1,0 +1,7 @@
+"""`python -m shortcutlab ...` runs the command line, as the `shortcutlab` console script does."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
