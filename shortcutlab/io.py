@@ -75,9 +75,17 @@ def check_writable(path: str | os.PathLike) -> str:
     return path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _temp_name(path: str) -> str:
     folder, name = os.path.split(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
+    # mkstemp makes the file private (0600); an output gets the mode an ordinary open() gives.
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     return tmp
 
@@ -201,6 +209,7 @@ def atomic_dir(out_dir: str | os.PathLike) -> Iterator[str]:
     check_writable(os.path.join(parent, ".probe"))
     name = os.path.basename(os.path.abspath(out))
     tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private (0700)
     try:
         yield tmp
         old = None
