@@ -71,10 +71,11 @@ class TrainConfig:
         augment_params: constructor arguments of `augment`.
         background_fill: the grey level (0-1) used by `mask_background`.
         adversary_weight: lambda_max of the gradient-reversal parent adversary (0: off).
-        precise_bn: after the last epoch, recompute every BatchNorm layer's running mean and
-            variance as exact averages over the un-augmented training crops (PreciseBN; Wu &
-            Johnson 2021) instead of scoring with the exponential moving average collected
-            while the weights were still moving. Off in the paper's recipe; the demo turns it
+        precise_bn: after the last epoch, set every BatchNorm layer's running mean and
+            unbiased variance to the exact moments of its input over all un-augmented training
+            crops, in shuffled training-size batches with the model in train mode (PreciseBN;
+            Wu & Johnson 2021; see `precise_batchnorm`), instead of scoring with the
+            exponential moving average collected while the weights were still moving. Off in the paper's recipe; the demo turns it
             on because small models trained from scratch at a high learning rate can end with
             running statistics far from the final weights' activations.
         device: torch device for training.
@@ -246,38 +247,129 @@ def _augment(augmentation, x: torch.Tensor, m: torch.Tensor | None, gen: torch.G
     return augmentation(x, mask=m)
 
 
-def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: TrainConfig, device: torch.device, batch_size: int = 256) -> int:
-    """Set every BatchNorm layer's running statistics to exact averages over crops `idx`.
+class _Moments:
+    """Per-channel count, mean and sum of squared deviations, merged batch by batch in float64.
 
-    The crops are taken as they are scored (no augmentation; masked if `mask_background`).
-    Each layer's statistics are cumulative averages of per-batch means and (unbiased)
-    variances, PyTorch's ``momentum=None`` mode, so they do not depend on the batch order.
+    Batches are merged with Chan, Golub & LeVeque's pairwise update, which equals the totals of
+    sums and sums of squares but does not lose digits to cancellation when the mean is large
+    compared with the spread; the result does not depend on the order of the batches.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean: torch.Tensor | None = None
+        self.m2: torch.Tensor | None = None
+        self.batches = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        # x: (N, C, *) as a BatchNorm layer sees it; every dimension but 1 is a sample.
+        c = x.shape[1]
+        z = x.detach().transpose(0, 1).reshape(c, -1).to(torch.float64)
+        n_b = z.shape[1]
+        if n_b == 0:
+            return
+        mean_b = z.mean(1)
+        m2_b = (z - mean_b[:, None]).square_().sum(1)
+        if self.mean is None:
+            self.n, self.mean, self.m2 = n_b, mean_b, m2_b
+        else:
+            n = self.n + n_b
+            delta = mean_b - self.mean
+            self.mean = self.mean + delta * (n_b / n)
+            self.m2 = self.m2 + m2_b + delta.square() * (self.n * n_b / n)
+            self.n = n
+        self.batches += 1
+
+
+def precise_batchnorm(model: torch.nn.Module, batches, forward: Callable | None = None) -> int:
+    """Set every BatchNorm layer's running statistics to the exact moments of its input.
+
+    PreciseBN (Wu & Johnson, "Rethinking 'Batch' in BatchNorm", 2021): the model runs in train
+    mode, so each layer normalises with its batch's statistics as in training, while a forward
+    pre-hook on every BatchNorm layer accumulates the per-channel count, mean and sum of
+    squared deviations of that layer's input over all batches (float64). Afterwards
+    ``running_mean`` is the mean and ``running_var`` the unbiased variance of everything the
+    layer saw, exactly as if the inputs had been concatenated: batches of unequal size weigh
+    by their size, the spread between batches is kept, and the order of the batches does not
+    matter. (A layer's input still depends on how samples are grouped into batches, since the
+    layers before it normalise with batch statistics.)
+
+    Momentum, train/eval mode and everything else are restored afterwards; if a batch fails,
+    the running statistics are restored too. Layers without running statistics
+    (``track_running_stats=False``) and layers the batches never reach are left as they were.
+
+    Args:
+        model: any module; its BatchNorm layers (`torch.nn.modules.batchnorm._BatchNorm`,
+            including SyncBatchNorm) are recalibrated.
+        batches: an iterable of inputs, each passed to `forward`.
+        forward: callable run on each batch (default: `model`), e.g. an adapter's `logits`.
+
+    Returns:
+        The number of BatchNorm layers recalibrated.
+    """
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.running_mean is not None]
+    if not layers:
+        return 0
+    forward = model if forward is None else forward
+    saved = [(m.running_mean.clone(), m.running_var.clone(), None if m.num_batches_tracked is None else m.num_batches_tracked.clone()) for m in layers]
+    moments = [_Moments() for _ in layers]
+    handles = [m.register_forward_pre_hook(lambda mod, inp, acc=acc: acc.update(inp[0])) for m, acc in zip(layers, moments)]
+    was_training = model.training
+    model.train()
+    ok = False
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                forward(batch)
+        ok = True
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+        # The layers' own moving-average updates during the pass are discarded either way.
+        for m, (mean, var, nbt) in zip(layers, saved):
+            m.running_mean.copy_(mean)
+            m.running_var.copy_(var)
+            if nbt is not None:
+                m.num_batches_tracked.copy_(nbt)
+    done = 0
+    if ok:
+        for m, acc in zip(layers, moments):
+            if acc.mean is None:
+                continue
+            m.running_mean.copy_(acc.mean.to(m.running_mean.dtype))
+            m.running_var.copy_((acc.m2 / max(acc.n - 1, 1)).to(m.running_var.dtype))
+            if m.num_batches_tracked is not None:
+                m.num_batches_tracked.fill_(acc.batches)
+            done += 1
+    return done
+
+
+def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: TrainConfig, device: torch.device, batch_size: int | None = None) -> int:
+    """PreciseBN over training crops `idx`: every BatchNorm layer gets its input's exact moments.
+
+    The crops are taken as they are scored (no augmentation; masked if `mask_background`), in
+    batches like the training batches: of ``config.batch_size`` crops (or `batch_size`),
+    shuffled with a generator seeded by ``config.seed``, so that the layers before each
+    BatchNorm layer normalise with statistics of mixed batches as in training (crops in id
+    order would give batches of mostly one class). The result depends only on the set of
+    crops and the seed, not on the order of `idx`. See `precise_batchnorm`.
 
     Returns:
         The number of BatchNorm layers recalibrated (0 for a model without any).
     """
-    model = adapter.model
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if not layers:
-        return 0
-    saved = [(m, m.momentum) for m in layers]
-    was_training = model.training
-    for m in layers:
-        m.reset_running_stats()
-        m.momentum = None
-    model.train()
-    try:
-        with torch.no_grad():
-            for b in range(0, len(idx), batch_size):
-                x, m = crops.float_batch(torch.from_numpy(idx[b : b + batch_size]), device=device)
-                if config.mask_background:
-                    x = _mask_background(x, m, config.background_fill)
-                adapter.logits(x)
-    finally:
-        for layer, momentum in saved:
-            layer.momentum = momentum
-        model.train(was_training)
-    return len(layers)
+    size = config.batch_size if batch_size is None else batch_size
+    order = np.sort(np.asarray(idx, dtype=np.int64))
+    order = order[torch.randperm(len(order), generator=torch.Generator().manual_seed(config.seed)).numpy()]
+
+    def batches():
+        for b in range(0, len(order), size):
+            x, m = crops.float_batch(torch.from_numpy(order[b : b + size]), device=device)
+            if config.mask_background:
+                x = _mask_background(x, m, config.background_fill)
+            yield x
+
+    return precise_batchnorm(adapter.model, batches(), forward=adapter.logits)
 
 
 def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:

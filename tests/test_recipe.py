@@ -131,7 +131,106 @@ def test_bad_input(tmp_path):
         TrainConfig(epochs=0)
 
 
-def test_precise_bn_sets_running_stats_to_the_exact_training_moments(tmp_path, tiny):
+def _bn_inputs(model):
+    """Capture every BatchNorm layer's inputs (independently of the code under test)."""
+    seen = {}
+    handles = []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            seen[name] = []
+            handles.append(m.register_forward_hook(lambda mod, inp, out, name=name: seen[name].append(inp[0].detach().clone())))
+    return seen, handles
+
+
+def _numpy_moments(chunks):
+    """Per-channel mean and unbiased variance of the concatenated (N, C, ...) chunks, numpy float64."""
+    z = np.concatenate([np.moveaxis(c.numpy().astype(np.float64), 1, 0).reshape(c.shape[1], -1) for c in chunks], axis=1)
+    return z.mean(1), z.var(1, ddof=1)
+
+
+def test_precise_bn_one_layer_unequal_batches_any_order_match_numpy():
+    from shortcutlab.recipe import precise_batchnorm
+
+    # 600 values in three blocks with different means: the failure case of momentum=None,
+    # which averaged the per-batch variances (0.018) instead of the whole variance (0.080).
+    rng = np.random.default_rng(0)
+    blocks = [torch.from_numpy((m + np.sqrt(0.018) * rng.standard_normal((200, 1))).astype(np.float32)) for m in (-0.305, 0.0, 0.305)]
+    values = torch.cat(blocks).numpy().ravel().astype(np.float64)
+    assert np.mean([b.numpy().var(ddof=1) for b in blocks]) == pytest.approx(0.018, abs=0.002)
+    assert values.var(ddof=1) == pytest.approx(0.080, abs=0.003)
+    bn = torch.nn.BatchNorm1d(1)
+    assert precise_batchnorm(bn, blocks) == 1
+    assert float(bn.running_mean[0]) == pytest.approx(values.mean(), abs=1e-5)
+    assert float(bn.running_var[0]) == pytest.approx(values.var(ddof=1), abs=1e-5)
+    assert bn.momentum == 0.1 and bn.training
+
+    # Batches of unequal sizes (the last one short), in three orders, 2-d and 4-d inputs.
+    x = torch.from_numpy(rng.standard_normal((70, 3, 5, 4)).astype(np.float32)) * torch.tensor([1.0, 3.0, 0.2]).view(1, 3, 1, 1) + torch.tensor([5.0, -2.0, 0.5]).view(1, 3, 1, 1)
+    x[:50] += 1.5  # the batches differ in mean: their spread must count
+    chunks = [x[:32], x[32:64], x[64:]]
+    mean, var = _numpy_moments([x])
+    for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        bn2 = torch.nn.BatchNorm2d(3).eval()
+        precise_batchnorm(bn2, [chunks[i] for i in order])
+        np.testing.assert_allclose(bn2.running_mean.numpy(), mean, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(bn2.running_var.numpy(), var, rtol=1e-6, atol=1e-5)
+        assert not bn2.training  # mode restored
+    flat = torch.randn(45, 4) * 2 + 7
+    bn1 = torch.nn.BatchNorm1d(4)
+    precise_batchnorm(bn1, [flat[30:], flat[:7], flat[7:30]])
+    mean, var = _numpy_moments([flat])
+    np.testing.assert_allclose(bn1.running_mean.numpy(), mean, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(bn1.running_var.numpy(), var, rtol=1e-6, atol=1e-5)
+
+
+def test_precise_bn_conv_net_every_layer_gets_the_moments_of_its_inputs():
+    from shortcutlab.recipe import precise_batchnorm
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.ReLU(),
+        torch.nn.Conv2d(6, 5, 3), torch.nn.BatchNorm2d(5, momentum=0.3), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.BatchNorm1d(5),
+    ).eval()
+    x = torch.rand(50, 3, 9, 9)
+    x[:20] *= 0.5
+    chunks = [x[:16], x[16:32], x[32:48], x[48:]]  # 16, 16, 16, 2
+    stats = []
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+        seen, handles = _bn_inputs(net)
+        assert precise_batchnorm(net, [chunks[i] for i in order]) == 3
+        for h in handles:
+            h.remove()
+        bns = {n: m for n, m in net.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+        for name, bn in bns.items():
+            mean, var = _numpy_moments(seen[name])
+            np.testing.assert_allclose(bn.running_mean.numpy(), mean, rtol=1e-6, atol=1e-5)
+            np.testing.assert_allclose(bn.running_var.numpy(), var, rtol=1e-5, atol=1e-5)
+        stats.append([t.clone() for n, t in net.named_buffers() if n.endswith(("running_mean", "running_var"))])
+        assert not net.training and net[4].momentum == 0.3
+    for a, b in zip(*stats):  # the same batches in another order: the same statistics
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_precise_bn_failure_restores_the_running_statistics():
+    from shortcutlab.recipe import precise_batchnorm
+
+    bn = torch.nn.BatchNorm2d(2)
+    bn.running_mean.fill_(3.0)
+    before = [t.clone() for t in bn.buffers()]
+
+    def batches():
+        yield torch.randn(4, 2, 3, 3)
+        raise RuntimeError("disk gone")
+
+    with pytest.raises(RuntimeError, match="disk gone"):
+        precise_batchnorm(bn, batches())
+    for a, b in zip(before, bn.buffers()):
+        assert torch.equal(a, b)
+    assert len(bn._forward_pre_hooks) == 0
+
+
+def test_recalibrate_batchnorm_unequal_batches_match_numpy_and_ignore_crop_order(tiny):
     from shortcutlab.adapter import create_model, wrap
     from shortcutlab.data import load_crops
     from shortcutlab.recipe import recalibrate_batchnorm
@@ -139,18 +238,28 @@ def test_precise_bn_sets_running_stats_to_the_exact_training_moments(tmp_path, t
     man, _ = tiny
     crops = load_crops(load_manifest_table(man))
     torch.manual_seed(0)
-    adapter = wrap(create_model("test_resnet", num_classes=2))
-    bn = next(m for m in adapter.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
-    seen = []
-    handle = bn.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach()))
-    idx = np.arange(crops.table.n_crops)
-    n = recalibrate_batchnorm(adapter, crops, idx, TrainConfig(**FAST), torch.device("cpu"), batch_size=len(idx))
-    handle.remove()
-    assert n > 1
-    z = seen[0].transpose(0, 1).reshape(seen[0].shape[1], -1)
-    torch.testing.assert_close(bn.running_mean, z.mean(1), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(bn.running_var, z.var(1, unbiased=True), rtol=1e-4, atol=1e-5)
-    assert bn.momentum == 0.1  # restored after recalibration
+    adapter = wrap(create_model("test_resnet", num_classes=2)).eval()
+    model = adapter.model
+    idx = np.arange(crops.table.n_crops)  # 32 crops in batches of 12, 12 and 8
+    results = []
+    for order in (idx, idx[::-1].copy()):
+        seen, handles = _bn_inputs(model)
+        n = recalibrate_batchnorm(adapter, crops, order, TrainConfig(**FAST), torch.device("cpu"), batch_size=12)
+        for h in handles:
+            h.remove()
+        assert n == len(seen) > 1
+        for name, bn in model.named_modules():
+            if name in seen:
+                assert [len(c) for c in seen[name]] == [12, 12, 8]
+                mean, var = _numpy_moments(seen[name])
+                np.testing.assert_allclose(bn.running_mean.numpy(), mean, rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(bn.running_var.numpy(), var, rtol=1e-5, atol=1e-5)
+                assert bn.momentum == 0.1  # restored after recalibration
+        assert not model.training
+        results.append([t.clone() for n_, t in model.named_buffers() if n_.endswith(("running_mean", "running_var"))])
+    # The crops' order does not matter: the batches are drawn from the set with the seed.
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_precise_bn_run_scores_with_recalibrated_statistics(tmp_path, tiny):
