@@ -21,7 +21,9 @@ Training-time variants that later studies need:
 
 Determinism: the model is initialised, batches are shuffled and augmentations are drawn from
 generators seeded by ``seed`` only, and torch's deterministic algorithms are enforced while
-training, so the same seed gives the same logits on CPU.
+training, so the same seed gives the same logits on CPU. On CUDA, `train` also sets
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts and turns off cuDNN's autotuner, so that runs can repeat on the same GPU and software
+(`benchmarks/gpu_check.py` checks it; results differ across GPU models).
 
 Example:
     >>> from shortcutlab.recipe import TrainConfig, train        # doctest: +SKIP
@@ -31,7 +33,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import platform
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 
 from .data import CropImages, load_crops
 from .errors import ShortcutlabError
+from .io import OutputError, atomic_files, to_json, write_text
 from .manifest import SplitManifest
 from .table import CropTable
 
@@ -78,7 +80,9 @@ class TrainConfig:
             exponential moving average collected while the weights were still moving. Off in the paper's recipe; the demo turns it
             on because small models trained from scratch at a high learning rate can end with
             running statistics far from the final weights' activations.
-        device: torch device for training.
+        device: torch device for training ("cpu", "cuda", "cuda:1", "mps"); checked before
+            any work (`resolve_device`), and on CUDA ``CUBLAS_WORKSPACE_CONFIG`` is set for
+            deterministic algorithms.
     """
 
     arch: str = "test_resnet"
@@ -213,14 +217,75 @@ def _versions() -> dict:
     }
 
 
+def available_devices() -> list[str]:
+    """The torch devices this process can train on: 'cpu', then 'cuda:0', ..., 'mps', 'xpu:0', ..."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        out += [f"xpu:{i}" for i in range(xpu.device_count())]
+    return out
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """Check that device `name` exists here and prepare it for deterministic training.
+
+    For CUDA, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set (unless already set) before anything
+    touches CUDA: with ``torch.use_deterministic_algorithms(True)``, cuBLAS matrix products
+    need a fixed workspace and torch refuses to run them without this variable. It takes
+    effect only if cuBLAS has not started yet in this process; a program that uses CUDA before
+    calling `train` should set it in the environment before starting Python.
+
+    Raises:
+        ShortcutlabError: a name torch does not know, or a device that is not available here
+            (no GPU, an index beyond the GPUs present, an unavailable backend), naming the
+            devices that are.
+    """
+    text = str(name)
+    if text.strip().lower().startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ShortcutlabError(f"device {text!r} is not a torch device name (cpu, cuda, cuda:N, mps, ...); available here: {', '.join(available_devices())}") from None
+    if device.type == "cpu":
+        return device
+    available = available_devices()
+    where = f"available here: {', '.join(available)}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA support"
+            raise ShortcutlabError(f"device {text!r} is not available: torch sees no CUDA GPU (torch {torch.__version__}, built with {build}); {where}")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ShortcutlabError(f"device {text!r} does not exist: this machine has {torch.cuda.device_count()} CUDA GPU(s); {where}")
+        return device
+    if device.type == "mps":
+        if "mps" not in available:
+            raise ShortcutlabError(f"device {text!r} is not available: torch.backends.mps.is_available() is False; {where}")
+        return device
+    if device.type == "xpu":
+        if not any(a.startswith("xpu") for a in available) or (device.index is not None and f"xpu:{device.index}" not in available):
+            raise ShortcutlabError(f"device {text!r} is not available; {where}")
+        return device
+    raise ShortcutlabError(f"device {text!r} cannot be used for training; {where}")
+
+
 @contextlib.contextmanager
 def _deterministic():
     previous = torch.are_deterministic_algorithms_enabled()
+    previous_benchmark = torch.backends.cudnn.benchmark
     torch.use_deterministic_algorithms(True)
+    # cuDNN's autotuner may pick another (deterministic) algorithm from run to run.
+    torch.backends.cudnn.benchmark = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(previous)
+        torch.backends.cudnn.benchmark = previous_benchmark
 
 
 def _resolve_augmentation(config: TrainConfig, augmentation: Augmentation | None, has_masks: bool):
@@ -372,6 +437,26 @@ def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: T
     return precise_batchnorm(adapter.model, batches(), forward=adapter.logits)
 
 
+def _check_out_dir(out_dir: str | os.PathLike) -> None:
+    """Refuse a run folder that cannot be written before any training time is spent.
+
+    Nothing is created here: the folder appears only when the run's files are written.
+    """
+    out = os.fspath(out_dir)
+    if not out:
+        raise OutputError("the run folder (out_dir) is empty")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OutputError(f"cannot write the run folder {out!r}: it is a file, not a folder")
+    probe = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise OutputError(f"cannot write the run folder {out!r}: {probe!r} is a file, not a folder")
+    target = out if os.path.isdir(out) else probe
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write the run folder {out!r}: folder {target!r} is not writable")
+
+
 def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:
     """Read a crop manifest (as written by `shortcutlab synth`): id, path, [mask], label, parent."""
     if not os.path.exists(path):
@@ -395,7 +480,10 @@ def train(
         manifest: crop manifest CSV (id, path, mask, label, parent), a `CropTable` with an image
             column, or crops already loaded with `load_crops`.
         split: split manifest CSV or `SplitManifest` (any protocol; `cell` picks a cell).
-        out_dir: run folder; receives model.safetensors, logits.csv and run.json.
+        out_dir: run folder; receives model.safetensors, logits.csv and run.json, written
+            under temporary names and renamed into place together (run.json last), so a run
+            that fails leaves the previous run's files or none. A folder that cannot be
+            written is refused before training.
         config: the recipe's settings.
         cell: the cell of a multi-cell manifest (factorial, ladder).
         augmentation: optional ``fn(x, mask) -> x`` applied to training batches.
@@ -411,6 +499,9 @@ def train(
     from .adapter import create_model, wrap
 
     t0 = time.perf_counter()
+    # Before anything can start CUDA (CUBLAS_WORKSPACE_CONFIG) and before any work is done.
+    device = resolve_device(config.device)
+    _check_out_dir(out_dir)
     if isinstance(manifest, CropImages):
         crops = manifest
     else:
@@ -427,7 +518,6 @@ def train(
         raise ShortcutlabError("mask_background needs cell masks: the manifest has no mask column")
     labels = torch.from_numpy(table.label_codes)
     classes = list(table.classes)
-    device = torch.device(config.device)
     augmentation = _resolve_augmentation(config, augmentation, crops.masks is not None)
     t_load = time.perf_counter() - t0
 
@@ -509,18 +599,15 @@ def train(
         logits_all = torch.cat(out_logits).numpy()
         t_eval = time.perf_counter() - t2
 
-    os.makedirs(out_dir, exist_ok=True)
     sides = np.array(["train", "val", "test"], dtype=object)
     frame = pd.DataFrame({"id": table.ids[scored], "split": sides[side[scored]], "label": np.asarray(classes, dtype=object)[table.label_codes[scored]]})
     pred = logits_all.argmax(1)
     frame["pred"] = np.asarray(classes, dtype=object)[pred]
     for k, c in enumerate(classes):
         frame[f"logit_{c}"] = logits_all[:, k]
-    frame.to_csv(os.path.join(out_dir, "logits.csv"), index=False)
     correct = pred == table.label_codes[scored]
     accuracy = {s: float(correct[frame["split"].to_numpy() == s].mean()) for s in ("train", "val", "test") if (frame["split"] == s).any()}
     n_crops = {s: int((frame["split"] == s).sum()) for s in ("train", "val", "test")}
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, os.path.join(out_dir, "model.safetensors"))
 
     record = RunRecord(
         config=asdict(config),
@@ -535,7 +622,10 @@ def train(
         out_dir=os.path.abspath(out_dir),
         files={"weights": "model.safetensors", "logits": "logits.csv", "record": "run.json"},
     )
-    with open(os.path.join(out_dir, "run.json"), "w") as f:
-        json.dump(asdict(record), f, indent=2)
-        f.write("\n")
+    # All three files appear together or not at all; run.json, which marks a complete run,
+    # is renamed into place last.
+    with atomic_files() as stage:
+        frame.to_csv(stage.path(os.path.join(out_dir, "logits.csv")), index=False)
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, stage.path(os.path.join(out_dir, "model.safetensors")))
+        write_text(stage.path(os.path.join(out_dir, "run.json")), to_json(asdict(record)))
     return record

@@ -375,3 +375,123 @@ def test_masked_background_is_the_background_removal_formula():
     torch.testing.assert_close(_mask_background(x, m, 0.3), x * m + 0.3 * (1 - m), rtol=0, atol=1e-7)
     with pytest.raises(ShortcutlabError, match="needs cell masks"):
         _mask_background(x, None, 0.3)
+
+
+def test_a_missing_device_is_refused_before_any_work(tmp_path, tiny, monkeypatch):
+    from shortcutlab.recipe import resolve_device
+
+    man, split = tiny
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "run"
+    with pytest.raises(ShortcutlabError, match=r"device 'cuda' is not available: torch sees no CUDA GPU .*available here: cpu$"):
+        train(man, split, str(out), TrainConfig(**FAST, device="cuda"), progress=False)
+    assert not out.exists()
+    with pytest.raises(ShortcutlabError, match=r"device 'tpu' is not a torch device name .*available here: cpu"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ShortcutlabError, match=r"device 'mps' is not available.*available here: cpu"):
+        resolve_device("mps")
+    # One GPU present: cuda:7 names the one that exists.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ShortcutlabError, match=r"device 'cuda:7' does not exist: this machine has 1 CUDA GPU\(s\); available here: cpu, cuda:0"):
+        resolve_device("cuda:7")
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_cuda_gets_the_cublas_workspace_before_cuda_starts(tmp_path, tiny, monkeypatch):
+    from shortcutlab.recipe import resolve_device
+
+    man, split = tiny
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+
+    def no_gpu():
+        # The first thing that may start CUDA must find the variable already set.
+        seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_gpu)
+    with pytest.raises(ShortcutlabError, match="no CUDA GPU"):
+        train(man, split, str(tmp_path / "run"), TrainConfig(**FAST, device="cuda"), progress=False)
+    assert seen and seen[0] == ":4096:8"
+    # A value the user chose is kept; CPU runs leave the environment alone.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    with pytest.raises(ShortcutlabError):
+        resolve_device("cuda")
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    resolve_device("cpu")
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+@pytest.mark.device
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_training_is_deterministic(tmp_path, tiny):
+    man, split = tiny
+    cfg = TrainConfig(**FAST, seed=3, device="cuda", precise_bn=True, adversary_weight=0.3)
+    a = train(man, split, str(tmp_path / "a"), cfg, progress=False)
+    b = train(man, split, str(tmp_path / "b"), cfg, progress=False)
+    la, lb = (pd.read_csv(tmp_path / d / "logits.csv").filter(like="logit_").to_numpy() for d in "ab")
+    assert np.array_equal(la, lb) and a.epoch_loss == b.epoch_loss
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+
+
+@pytest.mark.device
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_precise_bn_on_cuda_matches_numpy():
+    from shortcutlab.recipe import precise_batchnorm
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.ReLU(), torch.nn.Conv2d(6, 5, 3), torch.nn.BatchNorm2d(5)).cuda()
+    x = torch.rand(50, 3, 9, 9, device="cuda")
+    seen, handles = _bn_inputs(net)
+    precise_batchnorm(net, [x[:16], x[16:32], x[32:]])
+    for h in handles:
+        h.remove()
+    for name, bn in net.named_modules():
+        if name in seen:
+            mean, var = _numpy_moments([c.cpu() for c in seen[name]])
+            np.testing.assert_allclose(bn.running_mean.cpu().numpy(), mean, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(bn.running_var.cpu().numpy(), var, rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_write_leaves_the_previous_run_and_no_temporary_files(tmp_path, tiny, monkeypatch):
+    import safetensors.torch
+
+    man, split = tiny
+    run = tmp_path / "run"
+    train(man, split, str(run), TrainConfig(**FAST, seed=1), progress=False)
+    before = {f: (run / f).read_bytes() for f in os.listdir(run)}
+    assert set(before) == {"logits.csv", "model.safetensors", "run.json"}
+
+    def disk_full(tensors, filename, *args, **kw):
+        with open(filename, "wb") as f:
+            f.write(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        train(man, split, str(run), TrainConfig(**FAST, seed=2), progress=False)
+    assert {f: (run / f).read_bytes() for f in os.listdir(run)} == before  # no temporary file either
+    # A first run that fails leaves nothing behind.
+    fresh = tmp_path / "fresh"
+    with pytest.raises(OSError, match="No space left"):
+        train(man, split, str(fresh), TrainConfig(**FAST), progress=False)
+    assert not fresh.exists() or os.listdir(fresh) == []
+
+
+def test_an_unwritable_run_folder_is_refused_before_training(tmp_path, tiny, monkeypatch):
+    import shortcutlab.recipe as recipe
+    from shortcutlab.io import OutputError
+
+    man, split = tiny
+    (tmp_path / "afile").write_text("x")
+    calls = []
+    monkeypatch.setattr(recipe, "load_crops", lambda *a, **k: calls.append(1))
+    with pytest.raises(OutputError, match=r"cannot write the run folder '.*afile': it is a file, not a folder"):
+        train(man, split, str(tmp_path / "afile"), TrainConfig(**FAST), progress=False)
+    with pytest.raises(OutputError, match=r"cannot write the run folder '.*afile/sub/run': '.*afile' is a file, not a folder"):
+        train(man, split, str(tmp_path / "afile" / "sub" / "run"), TrainConfig(**FAST), progress=False)
+    assert calls == []  # refused before the crops were even loaded
