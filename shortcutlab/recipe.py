@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -121,7 +122,13 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What a run did: config, data, results, versions and durations (also run.json)."""
+    """What a run did: config, data, results, versions and durations (also run.json).
+
+    ``empty_masks`` is None when the run used no cell masks; otherwise ``{"count", "checked",
+    "ids", "used_by"}``: how many of the crops that went through a mask (all crops trained or
+    scored with `mask_background`, training crops with a mask-based augmentation) had an
+    all-zero mask, the first 20 of their ids, and what used the masks.
+    """
 
     config: dict
     split_sha256: str
@@ -134,6 +141,7 @@ class RunRecord:
     versions: dict
     out_dir: str
     files: dict = field(default_factory=dict)
+    empty_masks: dict | None = None
 
 
 class _GradReverse(torch.autograd.Function):
@@ -303,6 +311,35 @@ def _resolve_augmentation(config: TrainConfig, augmentation: Augmentation | None
     if getattr(augmentation, "requires_mask", False) and not has_masks:
         raise ShortcutlabError(f"augmentation {getattr(augmentation, 'name', augmentation)!r} needs cell masks: give the manifest a mask column")
     return augmentation
+
+
+def _count_empty_masks(crops: CropImages, side: np.ndarray, config: TrainConfig, augmentation) -> dict | None:
+    """Count the crops whose all-zero mask a masked step would treat as 'no cell' (and warn).
+
+    `mask_background` turns such a crop into a uniform fill (training and scoring); a
+    mask-based augmentation sees no cell in it. Returns None when the run uses no masks.
+    """
+    used_by, checked = [], np.zeros(len(side), dtype=bool)
+    if config.mask_background:
+        used_by.append("mask_background")
+        checked |= side >= 0
+    if augmentation is not None and getattr(augmentation, "requires_mask", False):
+        used_by.append(f"augmentation {getattr(augmentation, 'name', type(augmentation).__name__)!r}")
+        checked |= side == 0
+    if not used_by or crops.masks is None:
+        return None
+    idx = np.flatnonzero(checked)
+    empty = idx[~crops.masks[torch.from_numpy(idx)].flatten(1).any(1).numpy()]
+    ids = [str(i) for i in crops.table.ids[empty]]
+    if len(empty):
+        shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        warnings.warn(
+            f"{len(empty)} of {len(idx)} crops used with masks have an empty (all-zero) mask: {shown}; "
+            f"{' and '.join(used_by)} find no cell in them (mask_background turns such a crop into a uniform fill). "
+            "The count is recorded in run.json (empty_masks).",
+            stacklevel=3,
+        )
+    return {"count": int(len(empty)), "checked": int(len(idx)), "ids": ids[:20], "used_by": used_by}
 
 
 def _augment(augmentation, x: torch.Tensor, m: torch.Tensor | None, gen: torch.Generator) -> torch.Tensor:
@@ -519,6 +556,7 @@ def train(
     labels = torch.from_numpy(table.label_codes)
     classes = list(table.classes)
     augmentation = _resolve_augmentation(config, augmentation, crops.masks is not None)
+    empty_masks = _count_empty_masks(crops, side, config, augmentation)
     t_load = time.perf_counter() - t0
 
     with torch.random.fork_rng(devices=[]), _deterministic():
@@ -621,6 +659,7 @@ def train(
         versions=_versions(),
         out_dir=os.path.abspath(out_dir),
         files={"weights": "model.safetensors", "logits": "logits.csv", "record": "run.json"},
+        empty_masks=empty_masks,
     )
     # All three files appear together or not at all; run.json, which marks a complete run,
     # is renamed into place last.

@@ -495,3 +495,30 @@ def test_an_unwritable_run_folder_is_refused_before_training(tmp_path, tiny, mon
     with pytest.raises(OutputError, match=r"cannot write the run folder '.*afile/sub/run': '.*afile' is a file, not a folder"):
         train(man, split, str(tmp_path / "afile" / "sub" / "run"), TrainConfig(**FAST), progress=False)
     assert calls == []  # refused before the crops were even loaded
+
+
+def test_empty_masks_are_counted_warned_and_recorded(tmp_path):
+    man = _manifest(tmp_path)
+    Image.fromarray(np.zeros((24, 24), np.uint8)).save(tmp_path / "crops" / "m5.png")  # c5: no cell
+    table = load_manifest_table(man)
+    split = parent_split(table, 0.25, seed=0)
+    split.to_csv(tmp_path / "split.csv")
+    # The empty mask, found independently in the mask files on disk.
+    frame = pd.read_csv(man)
+    empty = {r.id for r in frame.itertuples() if not np.asarray(Image.open(tmp_path / r.mask)).any()}
+    assert empty == {"c5"}
+    with pytest.warns(UserWarning, match=r"1 of 32 crops used with masks have an empty \(all-zero\) mask: 'c5'; mask_background"):
+        rec = train(man, str(tmp_path / "split.csv"), str(tmp_path / "a"), TrainConfig(**FAST, mask_background=True), progress=False)
+    saved = json.loads((tmp_path / "a" / "run.json").read_text())["empty_masks"]
+    assert saved == rec.empty_masks == {"count": 1, "checked": 32, "ids": ["c5"], "used_by": ["mask_background"]}
+    # A mask-based augmentation only sees the training crops (c5, parent f1, is one of them).
+    logits = pd.read_csv(tmp_path / "a" / "logits.csv").set_index("id")
+    assert logits.loc["c5", "split"] == "train"
+    n_train = int((logits["split"] == "train").sum())
+    with pytest.warns(UserWarning, match=rf"1 of {n_train} crops .*'c5'; augmentation 'background_removal'"):
+        rec = train(man, str(tmp_path / "split.csv"), str(tmp_path / "b"), TrainConfig(**FAST, augment="background_removal"), progress=False)
+    assert rec.empty_masks == {"count": 1, "checked": n_train, "ids": ["c5"], "used_by": ["augmentation 'background_removal'"]}
+    # No masks used: nothing counted.
+    rec = train(man, str(tmp_path / "split.csv"), str(tmp_path / "c"), TrainConfig(**FAST), progress=False)
+    assert rec.empty_masks is None
+
