@@ -17,7 +17,9 @@ Training-time variants that later studies need:
 - ``adversary_weight``: a gradient-reversal parent adversary (Ganin & Lempitsky, DANN): a
   linear head on the pooled features predicts the training crop's parent, and its gradient
   reaches the backbone multiplied by -lambda(p), with the DANN schedule
-  ``lambda(p) = adversary_weight * (2 / (1 + exp(-10 p)) - 1)``, p = step / total steps.
+  ``lambda(p) = adversary_weight * (2 / (1 + exp(-10 p)) - 1)``, p = step / (steps - 1), from 0
+  at the first optimiser step to 1 at the last. Its loss and parent accuracy per epoch are in
+  run.json (``adversary``).
 
 Determinism: the model is initialised, batches are shuffled and augmentations are drawn from
 generators seeded by ``seed`` only, and torch's deterministic algorithms are enforced while
@@ -128,6 +130,12 @@ class RunRecord:
     "ids", "used_by"}``: how many of the crops that went through a mask (all crops trained or
     scored with `mask_background`, training crops with a mask-based augmentation) had an
     all-zero mask, the first 20 of their ids, and what used the masks.
+
+    ``adversary`` is None without a parent adversary; otherwise the number of training parents,
+    the chance-level loss log(n_parents), and per epoch the adversary's mean cross-entropy and
+    its accuracy at naming the parent of the (augmented) training crops, measured on each
+    batch before its update: an adversary that learns nothing stays at chance, and one that
+    wins against the reversed gradient falls well below it.
     """
 
     config: dict
@@ -142,6 +150,7 @@ class RunRecord:
     out_dir: str
     files: dict = field(default_factory=dict)
     empty_masks: dict | None = None
+    adversary: dict | None = None
 
 
 class _GradReverse(torch.autograd.Function):
@@ -565,12 +574,14 @@ def train(
         model.to(device)
         adapter = wrap(model, device=device)
         adversary = None
+        adversary_log = None
         train_parents = None
         if config.adversary_weight > 0:
             codes, uniq = np.unique(table.parent_codes[train_idx], return_inverse=True)
             train_parents = torch.full((table.n_crops,), -1, dtype=torch.long)
             train_parents[torch.from_numpy(train_idx)] = torch.from_numpy(uniq.astype(np.int64))
             adversary = torch.nn.Linear(adapter.num_features, len(codes)).to(device)
+            adversary_log = {"n_parents": int(len(codes)), "chance_loss": round(math.log(len(codes)), 6), "epoch_loss": [], "epoch_accuracy": []}
         params = list(model.parameters()) + (list(adversary.parameters()) if adversary is not None else [])
         opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         gen = torch.Generator().manual_seed(config.seed)
@@ -584,6 +595,7 @@ def train(
             model.train()
             order = torch.from_numpy(train_idx)[torch.randperm(len(train_idx), generator=gen)]
             running, seen = 0.0, 0
+            adv_running, adv_correct = 0.0, 0
             for b in range(n_batches):
                 idx = order[b * config.batch_size : (b + 1) * config.batch_size]
                 x, m = crops.float_batch(idx)
@@ -608,7 +620,11 @@ def train(
                 if adversary is not None:
                     lam = dann_lambda(step / max(total - 1, 1), config.adversary_weight)
                     adv = adversary(_GradReverse.apply(feats, lam))
-                    loss = loss + F.cross_entropy(adv, train_parents[idx].to(device))
+                    z = train_parents[idx].to(device)
+                    adv_loss = F.cross_entropy(adv, z)
+                    loss = loss + adv_loss
+                    adv_running += float(adv_loss.detach()) * len(idx)
+                    adv_correct += int((adv.detach().argmax(1) == z).sum())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -617,6 +633,9 @@ def train(
                 step += 1
                 bar.update(1)
             epoch_loss.append(running / seen)
+            if adversary is not None:
+                adversary_log["epoch_loss"].append(round(adv_running / seen, 6))
+                adversary_log["epoch_accuracy"].append(round(adv_correct / seen, 6))
             bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_loss[-1]:.3f}")
         bar.close()
         if config.precise_bn:
@@ -660,6 +679,7 @@ def train(
         out_dir=os.path.abspath(out_dir),
         files={"weights": "model.safetensors", "logits": "logits.csv", "record": "run.json"},
         empty_masks=empty_masks,
+        adversary=adversary_log,
     )
     # All three files appear together or not at all; run.json, which marks a complete run,
     # is renamed into place last.

@@ -81,7 +81,7 @@ def test_same_seed_same_logits(tmp_path, tiny):
     assert a.epoch_loss == b.epoch_loss
 
 
-def test_variants_masked_background_adversary_and_hook(tmp_path, tiny):
+def test_variants_masked_background_and_hook(tmp_path, tiny):
     man, split = tiny
     calls = []
 
@@ -89,9 +89,79 @@ def test_variants_masked_background_adversary_and_hook(tmp_path, tiny):
         calls.append(mask is not None)
         return 1.0 - x
 
-    rec = train(man, split, str(tmp_path / "r"), TrainConfig(**FAST, mask_background=True, adversary_weight=0.5), augmentation=hook, progress=False)
+    rec = train(man, split, str(tmp_path / "r"), TrainConfig(**FAST, mask_background=True), augmentation=hook, progress=False)
     assert calls and all(calls)
-    assert rec.config["adversary_weight"] == 0.5 and rec.config["mask_background"] is True
+    assert rec.config["mask_background"] is True and rec.adversary is None
+
+
+def test_gradient_reversal_flips_and_scales_only_the_backbone_gradient():
+    from shortcutlab.recipe import _GradReverse
+
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 2, 1, 0])
+    adversary = torch.nn.Linear(5, 3).double()
+    W = adversary.weight.detach()
+    # Closed form of the plain cross-entropy gradients (mean over the batch).
+    p = torch.softmax(feats @ W.T + adversary.bias.detach(), 1)
+    delta = (p - torch.nn.functional.one_hot(y, 3).double()) / len(y)
+    d_feats, d_weight = delta @ W, delta.T @ feats
+    for lam in (0.0, 0.37, 2.5):
+        f = feats.clone().requires_grad_(True)
+        adversary.zero_grad()
+        torch.nn.functional.cross_entropy(adversary(_GradReverse.apply(f, lam)), y).backward()
+        torch.testing.assert_close(f.grad, -lam * d_feats, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(adversary.weight.grad, d_weight, rtol=1e-10, atol=1e-12)  # the adversary itself descends
+
+
+def test_each_step_reverses_the_adversary_gradient_with_the_dann_lambda_of_its_progress(tmp_path, tiny, monkeypatch):
+    import shortcutlab.recipe as recipe
+
+    man, split = tiny
+    real = recipe._GradReverse
+    steps = []
+
+    class Spy:
+        @staticmethod
+        def apply(feats, lam):
+            z = feats * 1.0  # its own node: only the adversary's gradient reaches it
+            out = real.apply(z, lam)
+            rec = {"lam": lam}
+            z.register_hook(lambda grad: rec.__setitem__("into_backbone", grad.detach().clone()))
+            out.register_hook(lambda grad: rec.__setitem__("from_adversary", grad.detach().clone()))
+            steps.append(rec)
+            return out
+
+    monkeypatch.setattr(recipe, "_GradReverse", Spy)
+    train(man, split, str(tmp_path / "r"), TrainConfig(**{**FAST, "epochs": 3}, adversary_weight=0.7), progress=False)
+    # 24 training crops in batches of 16: 2 steps per epoch, 6 in all; p = step / 5.
+    expected = [0.7 * (2 / (1 + np.exp(-10 * s / 5)) - 1) for s in range(6)]
+    assert [r["lam"] for r in steps] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert expected[0] == 0 and expected[-1] == pytest.approx(0.7 * 0.99990920, rel=1e-6)
+    for r in steps:
+        assert r["from_adversary"].abs().max() > 0
+        torch.testing.assert_close(r["into_backbone"], -r["lam"] * r["from_adversary"], rtol=1e-6, atol=1e-9)
+
+
+def test_the_adversary_learns_to_name_the_parent(tmp_path):
+    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.synth import SynthConfig, synthesize
+
+    # Each field has its own colour cast (the planted mechanism): the parent is visible.
+    crops = _crops_from_synth(synthesize(SynthConfig(seed=0, n_classes=2, fields_per_class=3, crop_size=16, mechanisms=("color",), strength=1.0)))
+    split = parent_split(crops.table, 0.25, seed=0)
+    frame = split.cell(None)
+    train_ids = frame.loc[frame["split"] == "train", "id"].astype(str)
+    n_parents = len({i.split("_")[0] for i in train_ids})  # ids are field####_c##
+    # A small weight: the backbone barely fights back, so the adversary's own learning shows.
+    rec = train(crops, split, str(tmp_path / "r"), TrainConfig(arch="test_resnet", epochs=6, batch_size=8, lr=1e-2, adversary_weight=0.01), progress=False)
+    adv = rec.adversary
+    assert adv["n_parents"] == n_parents == 4
+    assert adv["chance_loss"] == pytest.approx(np.log(n_parents), abs=1e-6)
+    assert len(adv["epoch_loss"]) == len(adv["epoch_accuracy"]) == 6
+    # From about chance in the first epoch to far better than chance at the end.
+    assert adv["epoch_accuracy"][-1] >= 0.6 > 2 / n_parents
+    assert adv["epoch_loss"][-1] < 0.6 * adv["chance_loss"] and adv["epoch_loss"][-1] < adv["epoch_loss"][0]
 
 
 def test_dann_schedule():
