@@ -130,6 +130,21 @@ TRAINING_CASES: list[Case] = [
 ]
 
 
+@pytest.mark.parametrize("device", ["tpu", "cuda:99"])
+def test_cli_train_refuses_a_missing_device_in_one_line(device, tmp_path, capsys):
+    man, split = _train_inputs(tmp_path)
+    line = cli_error(["train", "--manifest", man, "--split", split, "--epochs", "1", "--device", device, "--out", str(tmp_path / "run"), "--quiet"], capsys)
+    assert f"'{device}'" in line and "available here: " in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_train_refuses_a_run_folder_inside_a_file(tmp_path, capsys):
+    man, split = _train_inputs(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    line = cli_error(["train", "--manifest", man, "--split", split, "--epochs", "1", "--out", str(tmp_path / "afile" / "run"), "--quiet"], capsys)
+    assert "afile" in line and "is a file, not a folder" in line
+
+
 ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES
 
 
