@@ -24,8 +24,9 @@ Training-time variants that later studies need:
 Determinism: the model is initialised, batches are shuffled and augmentations are drawn from
 generators seeded by ``seed`` only, and torch's deterministic algorithms are enforced while
 training, so the same seed gives the same logits on CPU. On CUDA, `train` also sets
-``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts and turns off cuDNN's autotuner, so that runs can repeat on the same GPU and software
-(`benchmarks/gpu_check.py` checks it; results differ across GPU models).
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts and turns off cuDNN's autotuner, so
+that runs can repeat on the same GPU and software (`benchmarks/gpu_check.py` checks it;
+results differ across GPU models).
 
 Example:
     >>> from shortcutlab.recipe import TrainConfig, train        # doctest: +SKIP
@@ -80,9 +81,10 @@ class TrainConfig:
             unbiased variance to the exact moments of its input over all un-augmented training
             crops, in shuffled training-size batches with the model in train mode (PreciseBN;
             Wu & Johnson 2021; see `precise_batchnorm`), instead of scoring with the
-            exponential moving average collected while the weights were still moving. Off in the paper's recipe; the demo turns it
-            on because small models trained from scratch at a high learning rate can end with
-            running statistics far from the final weights' activations.
+            exponential moving average collected while the weights were still moving. Off in
+            the paper's recipe; the demo turns it on because small models trained from scratch
+            at a high learning rate can end with running statistics far from the final
+            weights' activations.
         device: torch device for training ("cpu", "cuda", "cuda:1", "mps"); checked before
             any work (`resolve_device`), and on CUDA ``CUBLAS_WORKSPACE_CONFIG`` is set for
             deterministic algorithms.
@@ -374,13 +376,13 @@ class _Moments:
 
     def update(self, x: torch.Tensor) -> None:
         # x: (N, C, *) as a BatchNorm layer sees it; every dimension but 1 is a sample.
-        c = x.shape[1]
-        z = x.detach().transpose(0, 1).reshape(c, -1).to(torch.float64)
-        n_b = z.shape[1]
+        n_b = x.numel() // max(x.shape[1], 1)
         if n_b == 0:
             return
-        mean_b = z.mean(1)
-        m2_b = (z - mean_b[:, None]).square_().sum(1)
+        dims = [0, *range(2, x.dim())]
+        z = x.detach().to(torch.float64)
+        mean_b = z.mean(dims)
+        m2_b = (z - mean_b.view(1, -1, *([1] * (x.dim() - 2)))).square_().sum(dims)
         if self.mean is None:
             self.n, self.mean, self.m2 = n_b, mean_b, m2_b
         else:
