@@ -11,7 +11,6 @@ higher; under `none` the difference should be near zero.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ import pandas as pd
 import torch
 
 from .data import CropImages
+from .io import atomic_files, check_writable, write_csv, write_json
 from .splits import FACTORIAL_CELLS, factorial_split
 from .table import CropTable
 from .recipe import TrainConfig, train
@@ -164,18 +164,19 @@ def run_demo(out_dir: str, cfg: DemoConfig = DemoConfig()) -> dict:
     Returns:
         The summary: mean leak effect (percentage points) per condition, and the file paths.
     """
-    os.makedirs(out_dir, exist_ok=True)
+    # A folder that cannot be written is refused before the first model trains.
+    check_writable(os.path.join(out_dir, "results.csv"))
     conditions = [tuple(cfg.mechanisms)] + ([("none",)] if cfg.controls else [])
     t0 = time.perf_counter()
     rows = []
     for mechanisms in conditions:
         for seed in cfg.seeds:
             rows += run_condition(mechanisms, seed, cfg, out_dir)
-            # Written after each factorial so an interrupted demo keeps what it finished.
-            pd.DataFrame(rows).to_csv(os.path.join(out_dir, "results.csv"), index=False)
+            # Rewritten (atomically) after each factorial so an interrupted demo keeps what it
+            # finished, and never leaves half a table.
+            write_csv(os.path.join(out_dir, "results.csv"), pd.DataFrame(rows))
     results = pd.DataFrame(rows)
     effects = leak_effects(results)
-    effects.to_csv(os.path.join(out_dir, "effects.csv"), index=False)
     summary = {
         "mean_leak_effect_pp": {c: round(100 * float(g["leak_effect"].mean()), 2) for c, g in effects.groupby("condition", sort=False)},
         "mean_leak_effect_no_shared_pixels_pp": {
@@ -186,7 +187,8 @@ def run_demo(out_dir: str, cfg: DemoConfig = DemoConfig()) -> dict:
         "config": asdict(cfg),
         "files": {"results": "results.csv", "effects": "effects.csv"},
     }
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
+    # effects.csv and summary.json appear together (summary last) or not at all.
+    with atomic_files() as stage:
+        effects.to_csv(stage.path(os.path.join(out_dir, "effects.csv")), index=False)
+        write_json(stage.path(os.path.join(out_dir, "summary.json")), summary)
     return summary

@@ -17,11 +17,16 @@ Training-time variants that later studies need:
 - ``adversary_weight``: a gradient-reversal parent adversary (Ganin & Lempitsky, DANN): a
   linear head on the pooled features predicts the training crop's parent, and its gradient
   reaches the backbone multiplied by -lambda(p), with the DANN schedule
-  ``lambda(p) = adversary_weight * (2 / (1 + exp(-10 p)) - 1)``, p = step / total steps.
+  ``lambda(p) = adversary_weight * (2 / (1 + exp(-10 p)) - 1)``, p = step / (steps - 1), from 0
+  at the first optimiser step to 1 at the last. Its loss and parent accuracy per epoch are in
+  run.json (``adversary``).
 
 Determinism: the model is initialised, batches are shuffled and augmentations are drawn from
 generators seeded by ``seed`` only, and torch's deterministic algorithms are enforced while
-training, so the same seed gives the same logits on CPU.
+training, so the same seed gives the same logits on CPU. On CUDA, `train` also sets
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts and turns off cuDNN's autotuner, so
+that runs can repeat on the same GPU and software (`benchmarks/gpu_check.py` checks it;
+results differ across GPU models).
 
 Example:
     >>> from shortcutlab.recipe import TrainConfig, train        # doctest: +SKIP
@@ -31,11 +36,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import platform
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -46,6 +51,7 @@ import torch.nn.functional as F
 
 from .data import CropImages, load_crops
 from .errors import ShortcutlabError
+from .io import OutputError, atomic_files, to_json, write_text
 from .manifest import SplitManifest
 from .table import CropTable
 
@@ -71,13 +77,17 @@ class TrainConfig:
         augment_params: constructor arguments of `augment`.
         background_fill: the grey level (0-1) used by `mask_background`.
         adversary_weight: lambda_max of the gradient-reversal parent adversary (0: off).
-        precise_bn: after the last epoch, recompute every BatchNorm layer's running mean and
-            variance as exact averages over the un-augmented training crops (PreciseBN; Wu &
-            Johnson 2021) instead of scoring with the exponential moving average collected
-            while the weights were still moving. Off in the paper's recipe; the demo turns it
-            on because small models trained from scratch at a high learning rate can end with
-            running statistics far from the final weights' activations.
-        device: torch device for training.
+        precise_bn: after the last epoch, set every BatchNorm layer's running mean and
+            unbiased variance to the exact moments of its input over all un-augmented training
+            crops, in shuffled training-size batches with the model in train mode (PreciseBN;
+            Wu & Johnson 2021; see `precise_batchnorm`), instead of scoring with the
+            exponential moving average collected while the weights were still moving. Off in
+            the paper's recipe; the demo turns it on because small models trained from scratch
+            at a high learning rate can end with running statistics far from the final
+            weights' activations.
+        device: torch device for training ("cpu", "cuda", "cuda:1", "mps"); checked before
+            any work (`resolve_device`), and on CUDA ``CUBLAS_WORKSPACE_CONFIG`` is set for
+            deterministic algorithms.
     """
 
     arch: str = "test_resnet"
@@ -116,7 +126,19 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What a run did: config, data, results, versions and durations (also run.json)."""
+    """What a run did: config, data, results, versions and durations (also run.json).
+
+    ``empty_masks`` is None when the run used no cell masks; otherwise ``{"count", "checked",
+    "ids", "used_by"}``: how many of the crops that went through a mask (all crops trained or
+    scored with `mask_background`, training crops with a mask-based augmentation) had an
+    all-zero mask, the first 20 of their ids, and what used the masks.
+
+    ``adversary`` is None without a parent adversary; otherwise the number of training parents,
+    the chance-level loss log(n_parents), and per epoch the adversary's mean cross-entropy and
+    its accuracy at naming the parent of the (augmented) training crops, measured on each
+    batch before its update: an adversary that learns nothing stays at chance, and one that
+    wins against the reversed gradient falls well below it.
+    """
 
     config: dict
     split_sha256: str
@@ -129,6 +151,8 @@ class RunRecord:
     versions: dict
     out_dir: str
     files: dict = field(default_factory=dict)
+    empty_masks: dict | None = None
+    adversary: dict | None = None
 
 
 class _GradReverse(torch.autograd.Function):
@@ -212,14 +236,75 @@ def _versions() -> dict:
     }
 
 
+def available_devices() -> list[str]:
+    """The torch devices this process can train on: 'cpu', then 'cuda:0', ..., 'mps', 'xpu:0', ..."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        out += [f"xpu:{i}" for i in range(xpu.device_count())]
+    return out
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """Check that device `name` exists here and prepare it for deterministic training.
+
+    For CUDA, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set (unless already set) before anything
+    touches CUDA: with ``torch.use_deterministic_algorithms(True)``, cuBLAS matrix products
+    need a fixed workspace and torch refuses to run them without this variable. It takes
+    effect only if cuBLAS has not started yet in this process; a program that uses CUDA before
+    calling `train` should set it in the environment before starting Python.
+
+    Raises:
+        ShortcutlabError: a name torch does not know, or a device that is not available here
+            (no GPU, an index beyond the GPUs present, an unavailable backend), naming the
+            devices that are.
+    """
+    text = str(name)
+    if text.strip().lower().startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ShortcutlabError(f"device {text!r} is not a torch device name (cpu, cuda, cuda:N, mps, ...); available here: {', '.join(available_devices())}") from None
+    if device.type == "cpu":
+        return device
+    available = available_devices()
+    where = f"available here: {', '.join(available)}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA support"
+            raise ShortcutlabError(f"device {text!r} is not available: torch sees no CUDA GPU (torch {torch.__version__}, built with {build}); {where}")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ShortcutlabError(f"device {text!r} does not exist: this machine has {torch.cuda.device_count()} CUDA GPU(s); {where}")
+        return device
+    if device.type == "mps":
+        if "mps" not in available:
+            raise ShortcutlabError(f"device {text!r} is not available: torch.backends.mps.is_available() is False; {where}")
+        return device
+    if device.type == "xpu":
+        if not any(a.startswith("xpu") for a in available) or (device.index is not None and f"xpu:{device.index}" not in available):
+            raise ShortcutlabError(f"device {text!r} is not available; {where}")
+        return device
+    raise ShortcutlabError(f"device {text!r} cannot be used for training; {where}")
+
+
 @contextlib.contextmanager
 def _deterministic():
     previous = torch.are_deterministic_algorithms_enabled()
+    previous_benchmark = torch.backends.cudnn.benchmark
     torch.use_deterministic_algorithms(True)
+    # cuDNN's autotuner may pick another (deterministic) algorithm from run to run.
+    torch.backends.cudnn.benchmark = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(previous)
+        torch.backends.cudnn.benchmark = previous_benchmark
 
 
 def _resolve_augmentation(config: TrainConfig, augmentation: Augmentation | None, has_masks: bool):
@@ -239,6 +324,35 @@ def _resolve_augmentation(config: TrainConfig, augmentation: Augmentation | None
     return augmentation
 
 
+def _count_empty_masks(crops: CropImages, side: np.ndarray, config: TrainConfig, augmentation) -> dict | None:
+    """Count the crops whose all-zero mask a masked step would treat as 'no cell' (and warn).
+
+    `mask_background` turns such a crop into a uniform fill (training and scoring); a
+    mask-based augmentation sees no cell in it. Returns None when the run uses no masks.
+    """
+    used_by, checked = [], np.zeros(len(side), dtype=bool)
+    if config.mask_background:
+        used_by.append("mask_background")
+        checked |= side >= 0
+    if augmentation is not None and getattr(augmentation, "requires_mask", False):
+        used_by.append(f"augmentation {getattr(augmentation, 'name', type(augmentation).__name__)!r}")
+        checked |= side == 0
+    if not used_by or crops.masks is None:
+        return None
+    idx = np.flatnonzero(checked)
+    empty = idx[~crops.masks[torch.from_numpy(idx)].flatten(1).any(1).numpy()]
+    ids = [str(i) for i in crops.table.ids[empty]]
+    if len(empty):
+        shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        warnings.warn(
+            f"{len(empty)} of {len(idx)} crops used with masks have an empty (all-zero) mask: {shown}; "
+            f"{' and '.join(used_by)} find no cell in them (mask_background turns such a crop into a uniform fill). "
+            "The count is recorded in run.json (empty_masks).",
+            stacklevel=3,
+        )
+    return {"count": int(len(empty)), "checked": int(len(idx)), "ids": ids[:20], "used_by": used_by}
+
+
 def _augment(augmentation, x: torch.Tensor, m: torch.Tensor | None, gen: torch.Generator) -> torch.Tensor:
     # Random interventions draw from the run's generator so that a seed fixes the whole run.
     if getattr(augmentation, "stochastic", False):
@@ -246,38 +360,149 @@ def _augment(augmentation, x: torch.Tensor, m: torch.Tensor | None, gen: torch.G
     return augmentation(x, mask=m)
 
 
-def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: TrainConfig, device: torch.device, batch_size: int = 256) -> int:
-    """Set every BatchNorm layer's running statistics to exact averages over crops `idx`.
+class _Moments:
+    """Per-channel count, mean and sum of squared deviations, merged batch by batch in float64.
 
-    The crops are taken as they are scored (no augmentation; masked if `mask_background`).
-    Each layer's statistics are cumulative averages of per-batch means and (unbiased)
-    variances, PyTorch's ``momentum=None`` mode, so they do not depend on the batch order.
+    Batches are merged with Chan, Golub & LeVeque's pairwise update, which equals the totals of
+    sums and sums of squares but does not lose digits to cancellation when the mean is large
+    compared with the spread; the result does not depend on the order of the batches.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean: torch.Tensor | None = None
+        self.m2: torch.Tensor | None = None
+        self.batches = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        # x: (N, C, *) as a BatchNorm layer sees it; every dimension but 1 is a sample.
+        n_b = x.numel() // max(x.shape[1], 1)
+        if n_b == 0:
+            return
+        dims = [0, *range(2, x.dim())]
+        z = x.detach().to(torch.float64)
+        mean_b = z.mean(dims)
+        m2_b = (z - mean_b.view(1, -1, *([1] * (x.dim() - 2)))).square_().sum(dims)
+        if self.mean is None:
+            self.n, self.mean, self.m2 = n_b, mean_b, m2_b
+        else:
+            n = self.n + n_b
+            delta = mean_b - self.mean
+            self.mean = self.mean + delta * (n_b / n)
+            self.m2 = self.m2 + m2_b + delta.square() * (self.n * n_b / n)
+            self.n = n
+        self.batches += 1
+
+
+def precise_batchnorm(model: torch.nn.Module, batches, forward: Callable | None = None) -> int:
+    """Set every BatchNorm layer's running statistics to the exact moments of its input.
+
+    PreciseBN (Wu & Johnson, "Rethinking 'Batch' in BatchNorm", 2021): the model runs in train
+    mode, so each layer normalises with its batch's statistics as in training, while a forward
+    pre-hook on every BatchNorm layer accumulates the per-channel count, mean and sum of
+    squared deviations of that layer's input over all batches (float64). Afterwards
+    ``running_mean`` is the mean and ``running_var`` the unbiased variance of everything the
+    layer saw, exactly as if the inputs had been concatenated: batches of unequal size weigh
+    by their size, the spread between batches is kept, and the order of the batches does not
+    matter. (A layer's input still depends on how samples are grouped into batches, since the
+    layers before it normalise with batch statistics.)
+
+    Momentum, train/eval mode and everything else are restored afterwards; if a batch fails,
+    the running statistics are restored too. Layers without running statistics
+    (``track_running_stats=False``) and layers the batches never reach are left as they were.
+
+    Args:
+        model: any module; its BatchNorm layers (`torch.nn.modules.batchnorm._BatchNorm`,
+            including SyncBatchNorm) are recalibrated.
+        batches: an iterable of inputs, each passed to `forward`.
+        forward: callable run on each batch (default: `model`), e.g. an adapter's `logits`.
+
+    Returns:
+        The number of BatchNorm layers recalibrated.
+    """
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.running_mean is not None]
+    if not layers:
+        return 0
+    forward = model if forward is None else forward
+    saved = [(m.running_mean.clone(), m.running_var.clone(), None if m.num_batches_tracked is None else m.num_batches_tracked.clone()) for m in layers]
+    moments = [_Moments() for _ in layers]
+    handles = [m.register_forward_pre_hook(lambda mod, inp, acc=acc: acc.update(inp[0])) for m, acc in zip(layers, moments)]
+    was_training = model.training
+    model.train()
+    ok = False
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                forward(batch)
+        ok = True
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+        # The layers' own moving-average updates during the pass are discarded either way.
+        for m, (mean, var, nbt) in zip(layers, saved):
+            m.running_mean.copy_(mean)
+            m.running_var.copy_(var)
+            if nbt is not None:
+                m.num_batches_tracked.copy_(nbt)
+    done = 0
+    if ok:
+        for m, acc in zip(layers, moments):
+            if acc.mean is None:
+                continue
+            m.running_mean.copy_(acc.mean.to(m.running_mean.dtype))
+            m.running_var.copy_((acc.m2 / max(acc.n - 1, 1)).to(m.running_var.dtype))
+            if m.num_batches_tracked is not None:
+                m.num_batches_tracked.fill_(acc.batches)
+            done += 1
+    return done
+
+
+def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: TrainConfig, device: torch.device, batch_size: int | None = None) -> int:
+    """PreciseBN over training crops `idx`: every BatchNorm layer gets its input's exact moments.
+
+    The crops are taken as they are scored (no augmentation; masked if `mask_background`), in
+    batches like the training batches: of ``config.batch_size`` crops (or `batch_size`),
+    shuffled with a generator seeded by ``config.seed``, so that the layers before each
+    BatchNorm layer normalise with statistics of mixed batches as in training (crops in id
+    order would give batches of mostly one class). The result depends only on the set of
+    crops and the seed, not on the order of `idx`. See `precise_batchnorm`.
 
     Returns:
         The number of BatchNorm layers recalibrated (0 for a model without any).
     """
-    model = adapter.model
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if not layers:
-        return 0
-    saved = [(m, m.momentum) for m in layers]
-    was_training = model.training
-    for m in layers:
-        m.reset_running_stats()
-        m.momentum = None
-    model.train()
-    try:
-        with torch.no_grad():
-            for b in range(0, len(idx), batch_size):
-                x, m = crops.float_batch(torch.from_numpy(idx[b : b + batch_size]), device=device)
-                if config.mask_background:
-                    x = _mask_background(x, m, config.background_fill)
-                adapter.logits(x)
-    finally:
-        for layer, momentum in saved:
-            layer.momentum = momentum
-        model.train(was_training)
-    return len(layers)
+    size = config.batch_size if batch_size is None else batch_size
+    order = np.sort(np.asarray(idx, dtype=np.int64))
+    order = order[torch.randperm(len(order), generator=torch.Generator().manual_seed(config.seed)).numpy()]
+
+    def batches():
+        for b in range(0, len(order), size):
+            x, m = crops.float_batch(torch.from_numpy(order[b : b + size]), device=device)
+            if config.mask_background:
+                x = _mask_background(x, m, config.background_fill)
+            yield x
+
+    return precise_batchnorm(adapter.model, batches(), forward=adapter.logits)
+
+
+def _check_out_dir(out_dir: str | os.PathLike) -> None:
+    """Refuse a run folder that cannot be written before any training time is spent.
+
+    Nothing is created here: the folder appears only when the run's files are written.
+    """
+    out = os.fspath(out_dir)
+    if not out:
+        raise OutputError("the run folder (out_dir) is empty")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OutputError(f"cannot write the run folder {out!r}: it is a file, not a folder")
+    probe = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise OutputError(f"cannot write the run folder {out!r}: {probe!r} is a file, not a folder")
+    target = out if os.path.isdir(out) else probe
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write the run folder {out!r}: folder {target!r} is not writable")
 
 
 def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:
@@ -303,7 +528,10 @@ def train(
         manifest: crop manifest CSV (id, path, mask, label, parent), a `CropTable` with an image
             column, or crops already loaded with `load_crops`.
         split: split manifest CSV or `SplitManifest` (any protocol; `cell` picks a cell).
-        out_dir: run folder; receives model.safetensors, logits.csv and run.json.
+        out_dir: run folder; receives model.safetensors, logits.csv and run.json, written
+            under temporary names and renamed into place together (run.json last), so a run
+            that fails leaves the previous run's files or none. A folder that cannot be
+            written is refused before training.
         config: the recipe's settings.
         cell: the cell of a multi-cell manifest (factorial, ladder).
         augmentation: optional ``fn(x, mask) -> x`` applied to training batches.
@@ -319,6 +547,9 @@ def train(
     from .adapter import create_model, wrap
 
     t0 = time.perf_counter()
+    # Before anything can start CUDA (CUBLAS_WORKSPACE_CONFIG) and before any work is done.
+    device = resolve_device(config.device)
+    _check_out_dir(out_dir)
     if isinstance(manifest, CropImages):
         crops = manifest
     else:
@@ -335,8 +566,8 @@ def train(
         raise ShortcutlabError("mask_background needs cell masks: the manifest has no mask column")
     labels = torch.from_numpy(table.label_codes)
     classes = list(table.classes)
-    device = torch.device(config.device)
     augmentation = _resolve_augmentation(config, augmentation, crops.masks is not None)
+    empty_masks = _count_empty_masks(crops, side, config, augmentation)
     t_load = time.perf_counter() - t0
 
     with torch.random.fork_rng(devices=[]), _deterministic():
@@ -345,12 +576,14 @@ def train(
         model.to(device)
         adapter = wrap(model, device=device)
         adversary = None
+        adversary_log = None
         train_parents = None
         if config.adversary_weight > 0:
             codes, uniq = np.unique(table.parent_codes[train_idx], return_inverse=True)
             train_parents = torch.full((table.n_crops,), -1, dtype=torch.long)
             train_parents[torch.from_numpy(train_idx)] = torch.from_numpy(uniq.astype(np.int64))
             adversary = torch.nn.Linear(adapter.num_features, len(codes)).to(device)
+            adversary_log = {"n_parents": int(len(codes)), "chance_loss": round(math.log(len(codes)), 6), "epoch_loss": [], "epoch_accuracy": []}
         params = list(model.parameters()) + (list(adversary.parameters()) if adversary is not None else [])
         opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         gen = torch.Generator().manual_seed(config.seed)
@@ -364,6 +597,7 @@ def train(
             model.train()
             order = torch.from_numpy(train_idx)[torch.randperm(len(train_idx), generator=gen)]
             running, seen = 0.0, 0
+            adv_running, adv_correct = 0.0, 0
             for b in range(n_batches):
                 idx = order[b * config.batch_size : (b + 1) * config.batch_size]
                 x, m = crops.float_batch(idx)
@@ -388,7 +622,11 @@ def train(
                 if adversary is not None:
                     lam = dann_lambda(step / max(total - 1, 1), config.adversary_weight)
                     adv = adversary(_GradReverse.apply(feats, lam))
-                    loss = loss + F.cross_entropy(adv, train_parents[idx].to(device))
+                    z = train_parents[idx].to(device)
+                    adv_loss = F.cross_entropy(adv, z)
+                    loss = loss + adv_loss
+                    adv_running += float(adv_loss.detach()) * len(idx)
+                    adv_correct += int((adv.detach().argmax(1) == z).sum())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -397,6 +635,9 @@ def train(
                 step += 1
                 bar.update(1)
             epoch_loss.append(running / seen)
+            if adversary is not None:
+                adversary_log["epoch_loss"].append(round(adv_running / seen, 6))
+                adversary_log["epoch_accuracy"].append(round(adv_correct / seen, 6))
             bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_loss[-1]:.3f}")
         bar.close()
         if config.precise_bn:
@@ -417,18 +658,15 @@ def train(
         logits_all = torch.cat(out_logits).numpy()
         t_eval = time.perf_counter() - t2
 
-    os.makedirs(out_dir, exist_ok=True)
     sides = np.array(["train", "val", "test"], dtype=object)
     frame = pd.DataFrame({"id": table.ids[scored], "split": sides[side[scored]], "label": np.asarray(classes, dtype=object)[table.label_codes[scored]]})
     pred = logits_all.argmax(1)
     frame["pred"] = np.asarray(classes, dtype=object)[pred]
     for k, c in enumerate(classes):
         frame[f"logit_{c}"] = logits_all[:, k]
-    frame.to_csv(os.path.join(out_dir, "logits.csv"), index=False)
     correct = pred == table.label_codes[scored]
     accuracy = {s: float(correct[frame["split"].to_numpy() == s].mean()) for s in ("train", "val", "test") if (frame["split"] == s).any()}
     n_crops = {s: int((frame["split"] == s).sum()) for s in ("train", "val", "test")}
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, os.path.join(out_dir, "model.safetensors"))
 
     record = RunRecord(
         config=asdict(config),
@@ -442,8 +680,13 @@ def train(
         versions=_versions(),
         out_dir=os.path.abspath(out_dir),
         files={"weights": "model.safetensors", "logits": "logits.csv", "record": "run.json"},
+        empty_masks=empty_masks,
+        adversary=adversary_log,
     )
-    with open(os.path.join(out_dir, "run.json"), "w") as f:
-        json.dump(asdict(record), f, indent=2)
-        f.write("\n")
+    # All three files appear together or not at all; run.json, which marks a complete run,
+    # is renamed into place last.
+    with atomic_files() as stage:
+        frame.to_csv(stage.path(os.path.join(out_dir, "logits.csv")), index=False)
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, stage.path(os.path.join(out_dir, "model.safetensors")))
+        write_text(stage.path(os.path.join(out_dir, "run.json")), to_json(asdict(record)))
     return record

@@ -1,8 +1,11 @@
 """The demo pipeline on a tiny benchmark: it runs end to end and its tables are consistent."""
 
 import json
+import os
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from shortcutlab.demo import DemoConfig, leak_effects, run_demo
 
@@ -16,20 +19,31 @@ def test_tiny_demo_writes_consistent_tables(tmp_path):
     # Within a condition and level, leak and clean train on the same number of crops and fields.
     for _, g in results.groupby(["condition", "diversity"]):
         assert g["n_train"].nunique() == 1 and g["n_train_parents"].nunique() == 1 and g["n_test"].nunique() == 1
+    # Leak minus clean recomputed by hand from results.csv (one row per cell), matched by key.
     effects = pd.read_csv(tmp_path / "effects.csv")
-    recomputed = leak_effects(results)
-    assert (effects["leak_effect"] - recomputed["leak_effect"]).abs().max() < 1e-12
-    assert (effects["leak_effect_no_shared_pixels"] - recomputed["leak_effect_no_shared_pixels"]).abs().max() < 1e-12
+    assert len(effects) == 4  # (planted, none) x (high, low), one seed
+    keys = ["condition", "seed", "diversity"]
+    for column, effect in (("test_accuracy", "leak_effect"), ("test_accuracy_no_shared_pixels", "leak_effect_no_shared_pixels")):
+        by_cell = results.set_index(keys + ["exposure"])[column].unstack("exposure")
+        hand = (by_cell["leak"] - by_cell["clean"]).rename("hand").reset_index()
+        merged = effects.merge(hand, on=keys, how="outer", validate="one_to_one")
+        assert len(merged) == 4
+        assert (merged[effect] - merged["hand"]).abs().max() < 1e-12
+    # Accuracies are fractions of the common test crops: n_test * accuracy is a whole number.
+    counts = results["test_accuracy"] * results["n_test"]
+    assert ((counts - counts.round()).abs() < 1e-6).all()
     assert (results["n_test_no_shared_pixels"] <= results["n_test"]).all()
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["mean_leak_effect_pp"] == summary["mean_leak_effect_pp"]
+    for condition, g in results.groupby("condition"):
+        leak = g[g["exposure"] == "leak"].sort_values("diversity")["test_accuracy"].to_numpy()
+        clean = g[g["exposure"] == "clean"].sort_values("diversity")["test_accuracy"].to_numpy()
+        assert saved["mean_leak_effect_pp"][condition] == round(100 * float(np.mean(leak - clean)), 2)
     assert set(saved["mean_leak_effect_pp"]) == {"color+illumination+background+focus+noise", "none"}
     assert (tmp_path / "none_seed0" / "clean-low" / "run.json").exists()
 
 
 def test_no_shared_pixel_subset_matches_brute_force_box_intersection():
-    import numpy as np
-
     from shortcutlab.audit import side_codes
     from shortcutlab.demo import _crops_from_synth, _no_shared_pixels
     from shortcutlab.splits import factorial_split
@@ -51,3 +65,82 @@ def test_no_shared_pixel_subset_matches_brute_force_box_intersection():
                 expected.add(ids[i])
         assert subsets[level] == expected
         assert 0 < len(expected) < int((side == 2).sum())  # both kinds of test crop occur
+
+
+def _fake_rows(mechanisms, seed, cfg, out_dir):
+    """Rows of run_condition with hand-set accuracies (no training)."""
+    name = "+".join(mechanisms)
+    acc = {"color": {"leak-high": 0.75, "clean-high": 0.60, "leak-low": 0.70, "clean-low": 0.65},
+           "none": {"leak-high": 0.50, "clean-high": 0.55, "leak-low": 0.62, "clean-low": 0.60}}[name]
+    nsp = {"color": 0.05, "none": -0.01}[name]
+    return [
+        {"condition": name, "seed": seed, "cell": cell, "exposure": cell.split("-")[0], "diversity": cell.split("-")[1],
+         "test_accuracy": a, "test_accuracy_no_shared_pixels": a + (nsp if cell.startswith("leak") else 0.0)}
+        for cell, a in acc.items()
+    ]
+
+
+def test_effects_and_summary_match_hand_computed_values(tmp_path, monkeypatch):
+    import shortcutlab.demo as demo
+
+    monkeypatch.setattr(demo, "run_condition", _fake_rows)
+    summary = run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False))
+    effects = pd.read_csv(tmp_path / "effects.csv").set_index(["condition", "diversity"])
+    # color: high 0.75 - 0.60, low 0.70 - 0.65; none: high 0.50 - 0.55, low 0.62 - 0.60
+    assert effects.loc[("color", "high"), "leak_effect"] == pytest.approx(0.15)
+    assert effects.loc[("color", "low"), "leak_effect"] == pytest.approx(0.05)
+    assert effects.loc[("none", "high"), "leak_effect"] == pytest.approx(-0.05)
+    assert effects.loc[("none", "low"), "leak_effect"] == pytest.approx(0.02)
+    assert effects.loc[("color", "low"), "leak_effect_no_shared_pixels"] == pytest.approx(0.10)
+    assert effects.loc[("none", "high"), "leak_effect_no_shared_pixels"] == pytest.approx(-0.06)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["mean_leak_effect_pp"] == {"color": 10.0, "none": -1.5}
+    assert saved["mean_leak_effect_no_shared_pixels_pp"] == {"color": 15.0, "none": -2.5}
+    assert saved["mean_test_accuracy"] == {"color": 0.675, "none": 0.5675}
+    assert summary["mean_leak_effect_pp"] == saved["mean_leak_effect_pp"]
+
+
+def test_a_failed_write_leaves_complete_tables_or_none(tmp_path, monkeypatch):
+    import shortcutlab.demo as demo
+
+    monkeypatch.setattr(demo, "run_condition", _fake_rows)
+    real = pd.DataFrame.to_csv
+    calls = []
+
+    def failing_to_csv(self, path, *args, **kw):
+        calls.append(path)
+        if len(calls) == fail_at:
+            with open(path, "w") as f:
+                f.write("condition,se")  # half a table, then the disk is full
+            raise OSError(28, "No space left on device")
+        return real(self, path, *args, **kw)
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", failing_to_csv)
+    # Writing results.csv after the second condition fails: the first condition's table stays.
+    fail_at = 2
+    with pytest.raises(OSError, match="No space left"):
+        run_demo(str(tmp_path / "a"), DemoConfig(mechanisms=("color",), progress=False))
+    kept = pd.read_csv(tmp_path / "a" / "results.csv")
+    assert set(kept["condition"]) == {"color"} and len(kept) == 4
+    assert sorted(os.listdir(tmp_path / "a")) == ["results.csv"]
+    # Writing effects.csv fails: neither effects.csv nor summary.json appears.
+    calls.clear()
+    fail_at = 3
+    with pytest.raises(OSError, match="No space left"):
+        run_demo(str(tmp_path / "b"), DemoConfig(mechanisms=("color",), progress=False))
+    assert sorted(os.listdir(tmp_path / "b")) == ["results.csv"]
+    assert len(pd.read_csv(tmp_path / "b" / "results.csv")) == 8
+
+
+def test_a_failed_summary_leaves_no_effects_table(tmp_path, monkeypatch):
+    import shortcutlab.demo as demo
+
+    monkeypatch.setattr(demo, "run_condition", _fake_rows)
+
+    def failing_write_json(path, obj, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(demo, "write_json", failing_write_json)
+    with pytest.raises(OSError):
+        run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False))
+    assert sorted(os.listdir(tmp_path)) == ["results.csv"]

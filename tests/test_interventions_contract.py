@@ -39,7 +39,7 @@ CONTEXT: dict[str, callable] = {
     },
 }
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.device)] if torch.cuda.is_available() else [])
 NAMES = interventions.available()
 
 

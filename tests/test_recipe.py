@@ -81,7 +81,7 @@ def test_same_seed_same_logits(tmp_path, tiny):
     assert a.epoch_loss == b.epoch_loss
 
 
-def test_variants_masked_background_adversary_and_hook(tmp_path, tiny):
+def test_variants_masked_background_and_hook(tmp_path, tiny):
     man, split = tiny
     calls = []
 
@@ -89,9 +89,79 @@ def test_variants_masked_background_adversary_and_hook(tmp_path, tiny):
         calls.append(mask is not None)
         return 1.0 - x
 
-    rec = train(man, split, str(tmp_path / "r"), TrainConfig(**FAST, mask_background=True, adversary_weight=0.5), augmentation=hook, progress=False)
+    rec = train(man, split, str(tmp_path / "r"), TrainConfig(**FAST, mask_background=True), augmentation=hook, progress=False)
     assert calls and all(calls)
-    assert rec.config["adversary_weight"] == 0.5 and rec.config["mask_background"] is True
+    assert rec.config["mask_background"] is True and rec.adversary is None
+
+
+def test_gradient_reversal_flips_and_scales_only_the_backbone_gradient():
+    from shortcutlab.recipe import _GradReverse
+
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 2, 1, 0])
+    adversary = torch.nn.Linear(5, 3).double()
+    W = adversary.weight.detach()
+    # Closed form of the plain cross-entropy gradients (mean over the batch).
+    p = torch.softmax(feats @ W.T + adversary.bias.detach(), 1)
+    delta = (p - torch.nn.functional.one_hot(y, 3).double()) / len(y)
+    d_feats, d_weight = delta @ W, delta.T @ feats
+    for lam in (0.0, 0.37, 2.5):
+        f = feats.clone().requires_grad_(True)
+        adversary.zero_grad()
+        torch.nn.functional.cross_entropy(adversary(_GradReverse.apply(f, lam)), y).backward()
+        torch.testing.assert_close(f.grad, -lam * d_feats, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(adversary.weight.grad, d_weight, rtol=1e-10, atol=1e-12)  # the adversary itself descends
+
+
+def test_each_step_reverses_the_adversary_gradient_with_the_dann_lambda_of_its_progress(tmp_path, tiny, monkeypatch):
+    import shortcutlab.recipe as recipe
+
+    man, split = tiny
+    real = recipe._GradReverse
+    steps = []
+
+    class Spy:
+        @staticmethod
+        def apply(feats, lam):
+            z = feats * 1.0  # its own node: only the adversary's gradient reaches it
+            out = real.apply(z, lam)
+            rec = {"lam": lam}
+            z.register_hook(lambda grad: rec.__setitem__("into_backbone", grad.detach().clone()))
+            out.register_hook(lambda grad: rec.__setitem__("from_adversary", grad.detach().clone()))
+            steps.append(rec)
+            return out
+
+    monkeypatch.setattr(recipe, "_GradReverse", Spy)
+    train(man, split, str(tmp_path / "r"), TrainConfig(**{**FAST, "epochs": 3}, adversary_weight=0.7), progress=False)
+    # 24 training crops in batches of 16: 2 steps per epoch, 6 in all; p = step / 5.
+    expected = [0.7 * (2 / (1 + np.exp(-10 * s / 5)) - 1) for s in range(6)]
+    assert [r["lam"] for r in steps] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert expected[0] == 0 and expected[-1] == pytest.approx(0.7 * 0.99990920, rel=1e-6)
+    for r in steps:
+        assert r["from_adversary"].abs().max() > 0
+        torch.testing.assert_close(r["into_backbone"], -r["lam"] * r["from_adversary"], rtol=1e-6, atol=1e-9)
+
+
+def test_the_adversary_learns_to_name_the_parent(tmp_path):
+    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.synth import SynthConfig, synthesize
+
+    # Each field has its own colour cast (the planted mechanism): the parent is visible.
+    crops = _crops_from_synth(synthesize(SynthConfig(seed=0, n_classes=2, fields_per_class=3, crop_size=16, mechanisms=("color",), strength=1.0)))
+    split = parent_split(crops.table, 0.25, seed=0)
+    frame = split.cell(None)
+    train_ids = frame.loc[frame["split"] == "train", "id"].astype(str)
+    n_parents = len({i.split("_")[0] for i in train_ids})  # ids are field####_c##
+    # A small weight: the backbone barely fights back, so the adversary's own learning shows.
+    rec = train(crops, split, str(tmp_path / "r"), TrainConfig(arch="test_resnet", epochs=6, batch_size=8, lr=1e-2, adversary_weight=0.01), progress=False)
+    adv = rec.adversary
+    assert adv["n_parents"] == n_parents == 4
+    assert adv["chance_loss"] == pytest.approx(np.log(n_parents), abs=1e-6)
+    assert len(adv["epoch_loss"]) == len(adv["epoch_accuracy"]) == 6
+    # From about chance in the first epoch to far better than chance at the end.
+    assert adv["epoch_accuracy"][-1] >= 0.6 > 2 / n_parents
+    assert adv["epoch_loss"][-1] < 0.6 * adv["chance_loss"] and adv["epoch_loss"][-1] < adv["epoch_loss"][0]
 
 
 def test_dann_schedule():
@@ -131,7 +201,106 @@ def test_bad_input(tmp_path):
         TrainConfig(epochs=0)
 
 
-def test_precise_bn_sets_running_stats_to_the_exact_training_moments(tmp_path, tiny):
+def _bn_inputs(model):
+    """Capture every BatchNorm layer's inputs (independently of the code under test)."""
+    seen = {}
+    handles = []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            seen[name] = []
+            handles.append(m.register_forward_hook(lambda mod, inp, out, name=name: seen[name].append(inp[0].detach().clone())))
+    return seen, handles
+
+
+def _numpy_moments(chunks):
+    """Per-channel mean and unbiased variance of the concatenated (N, C, ...) chunks, numpy float64."""
+    z = np.concatenate([np.moveaxis(c.numpy().astype(np.float64), 1, 0).reshape(c.shape[1], -1) for c in chunks], axis=1)
+    return z.mean(1), z.var(1, ddof=1)
+
+
+def test_precise_bn_one_layer_unequal_batches_any_order_match_numpy():
+    from shortcutlab.recipe import precise_batchnorm
+
+    # 600 values in three blocks with different means: the failure case of momentum=None,
+    # which averaged the per-batch variances (0.018) instead of the whole variance (0.080).
+    rng = np.random.default_rng(0)
+    blocks = [torch.from_numpy((m + np.sqrt(0.018) * rng.standard_normal((200, 1))).astype(np.float32)) for m in (-0.305, 0.0, 0.305)]
+    values = torch.cat(blocks).numpy().ravel().astype(np.float64)
+    assert np.mean([b.numpy().var(ddof=1) for b in blocks]) == pytest.approx(0.018, abs=0.002)
+    assert values.var(ddof=1) == pytest.approx(0.080, abs=0.003)
+    bn = torch.nn.BatchNorm1d(1)
+    assert precise_batchnorm(bn, blocks) == 1
+    assert float(bn.running_mean[0]) == pytest.approx(values.mean(), abs=1e-5)
+    assert float(bn.running_var[0]) == pytest.approx(values.var(ddof=1), abs=1e-5)
+    assert bn.momentum == 0.1 and bn.training
+
+    # Batches of unequal sizes (the last one short), in three orders, 2-d and 4-d inputs.
+    x = torch.from_numpy(rng.standard_normal((70, 3, 5, 4)).astype(np.float32)) * torch.tensor([1.0, 3.0, 0.2]).view(1, 3, 1, 1) + torch.tensor([5.0, -2.0, 0.5]).view(1, 3, 1, 1)
+    x[:50] += 1.5  # the batches differ in mean: their spread must count
+    chunks = [x[:32], x[32:64], x[64:]]
+    mean, var = _numpy_moments([x])
+    for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        bn2 = torch.nn.BatchNorm2d(3).eval()
+        precise_batchnorm(bn2, [chunks[i] for i in order])
+        np.testing.assert_allclose(bn2.running_mean.numpy(), mean, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(bn2.running_var.numpy(), var, rtol=1e-6, atol=1e-5)
+        assert not bn2.training  # mode restored
+    flat = torch.randn(45, 4) * 2 + 7
+    bn1 = torch.nn.BatchNorm1d(4)
+    precise_batchnorm(bn1, [flat[30:], flat[:7], flat[7:30]])
+    mean, var = _numpy_moments([flat])
+    np.testing.assert_allclose(bn1.running_mean.numpy(), mean, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(bn1.running_var.numpy(), var, rtol=1e-6, atol=1e-5)
+
+
+def test_precise_bn_conv_net_every_layer_gets_the_moments_of_its_inputs():
+    from shortcutlab.recipe import precise_batchnorm
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.ReLU(),
+        torch.nn.Conv2d(6, 5, 3), torch.nn.BatchNorm2d(5, momentum=0.3), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.BatchNorm1d(5),
+    ).eval()
+    x = torch.rand(50, 3, 9, 9)
+    x[:20] *= 0.5
+    chunks = [x[:16], x[16:32], x[32:48], x[48:]]  # 16, 16, 16, 2
+    stats = []
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+        seen, handles = _bn_inputs(net)
+        assert precise_batchnorm(net, [chunks[i] for i in order]) == 3
+        for h in handles:
+            h.remove()
+        bns = {n: m for n, m in net.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+        for name, bn in bns.items():
+            mean, var = _numpy_moments(seen[name])
+            np.testing.assert_allclose(bn.running_mean.numpy(), mean, rtol=1e-6, atol=1e-5)
+            np.testing.assert_allclose(bn.running_var.numpy(), var, rtol=1e-5, atol=1e-5)
+        stats.append([t.clone() for n, t in net.named_buffers() if n.endswith(("running_mean", "running_var"))])
+        assert not net.training and net[4].momentum == 0.3
+    for a, b in zip(*stats):  # the same batches in another order: the same statistics
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_precise_bn_failure_restores_the_running_statistics():
+    from shortcutlab.recipe import precise_batchnorm
+
+    bn = torch.nn.BatchNorm2d(2)
+    bn.running_mean.fill_(3.0)
+    before = [t.clone() for t in bn.buffers()]
+
+    def batches():
+        yield torch.randn(4, 2, 3, 3)
+        raise RuntimeError("disk gone")
+
+    with pytest.raises(RuntimeError, match="disk gone"):
+        precise_batchnorm(bn, batches())
+    for a, b in zip(before, bn.buffers()):
+        assert torch.equal(a, b)
+    assert len(bn._forward_pre_hooks) == 0
+
+
+def test_recalibrate_batchnorm_unequal_batches_match_numpy_and_ignore_crop_order(tiny):
     from shortcutlab.adapter import create_model, wrap
     from shortcutlab.data import load_crops
     from shortcutlab.recipe import recalibrate_batchnorm
@@ -139,18 +308,28 @@ def test_precise_bn_sets_running_stats_to_the_exact_training_moments(tmp_path, t
     man, _ = tiny
     crops = load_crops(load_manifest_table(man))
     torch.manual_seed(0)
-    adapter = wrap(create_model("test_resnet", num_classes=2))
-    bn = next(m for m in adapter.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
-    seen = []
-    handle = bn.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach()))
-    idx = np.arange(crops.table.n_crops)
-    n = recalibrate_batchnorm(adapter, crops, idx, TrainConfig(**FAST), torch.device("cpu"), batch_size=len(idx))
-    handle.remove()
-    assert n > 1
-    z = seen[0].transpose(0, 1).reshape(seen[0].shape[1], -1)
-    torch.testing.assert_close(bn.running_mean, z.mean(1), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(bn.running_var, z.var(1, unbiased=True), rtol=1e-4, atol=1e-5)
-    assert bn.momentum == 0.1  # restored after recalibration
+    adapter = wrap(create_model("test_resnet", num_classes=2)).eval()
+    model = adapter.model
+    idx = np.arange(crops.table.n_crops)  # 32 crops in batches of 12, 12 and 8
+    results = []
+    for order in (idx, idx[::-1].copy()):
+        seen, handles = _bn_inputs(model)
+        n = recalibrate_batchnorm(adapter, crops, order, TrainConfig(**FAST), torch.device("cpu"), batch_size=12)
+        for h in handles:
+            h.remove()
+        assert n == len(seen) > 1
+        for name, bn in model.named_modules():
+            if name in seen:
+                assert [len(c) for c in seen[name]] == [12, 12, 8]
+                mean, var = _numpy_moments(seen[name])
+                np.testing.assert_allclose(bn.running_mean.numpy(), mean, rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(bn.running_var.numpy(), var, rtol=1e-5, atol=1e-5)
+                assert bn.momentum == 0.1  # restored after recalibration
+        assert not model.training
+        results.append([t.clone() for n_, t in model.named_buffers() if n_.endswith(("running_mean", "running_var"))])
+    # The crops' order does not matter: the batches are drawn from the set with the seed.
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_precise_bn_run_scores_with_recalibrated_statistics(tmp_path, tiny):
@@ -266,3 +445,150 @@ def test_masked_background_is_the_background_removal_formula():
     torch.testing.assert_close(_mask_background(x, m, 0.3), x * m + 0.3 * (1 - m), rtol=0, atol=1e-7)
     with pytest.raises(ShortcutlabError, match="needs cell masks"):
         _mask_background(x, None, 0.3)
+
+
+def test_a_missing_device_is_refused_before_any_work(tmp_path, tiny, monkeypatch):
+    from shortcutlab.recipe import resolve_device
+
+    man, split = tiny
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "run"
+    with pytest.raises(ShortcutlabError, match=r"device 'cuda' is not available: torch sees no CUDA GPU .*available here: cpu$"):
+        train(man, split, str(out), TrainConfig(**FAST, device="cuda"), progress=False)
+    assert not out.exists()
+    with pytest.raises(ShortcutlabError, match=r"device 'tpu' is not a torch device name .*available here: cpu"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ShortcutlabError, match=r"device 'mps' is not available.*available here: cpu"):
+        resolve_device("mps")
+    # One GPU present: cuda:7 names the one that exists.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ShortcutlabError, match=r"device 'cuda:7' does not exist: this machine has 1 CUDA GPU\(s\); available here: cpu, cuda:0"):
+        resolve_device("cuda:7")
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_cuda_gets_the_cublas_workspace_before_cuda_starts(tmp_path, tiny, monkeypatch):
+    from shortcutlab.recipe import resolve_device
+
+    man, split = tiny
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+
+    def no_gpu():
+        # The first thing that may start CUDA must find the variable already set.
+        seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_gpu)
+    with pytest.raises(ShortcutlabError, match="no CUDA GPU"):
+        train(man, split, str(tmp_path / "run"), TrainConfig(**FAST, device="cuda"), progress=False)
+    assert seen and seen[0] == ":4096:8"
+    # A value the user chose is kept; CPU runs leave the environment alone.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    with pytest.raises(ShortcutlabError):
+        resolve_device("cuda")
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    resolve_device("cpu")
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+@pytest.mark.device
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_training_is_deterministic(tmp_path, tiny):
+    man, split = tiny
+    cfg = TrainConfig(**FAST, seed=3, device="cuda", precise_bn=True, adversary_weight=0.3)
+    a = train(man, split, str(tmp_path / "a"), cfg, progress=False)
+    b = train(man, split, str(tmp_path / "b"), cfg, progress=False)
+    la, lb = (pd.read_csv(tmp_path / d / "logits.csv").filter(like="logit_").to_numpy() for d in "ab")
+    assert np.array_equal(la, lb) and a.epoch_loss == b.epoch_loss
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+
+
+@pytest.mark.device
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_precise_bn_on_cuda_matches_numpy():
+    from shortcutlab.recipe import precise_batchnorm
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.ReLU(), torch.nn.Conv2d(6, 5, 3), torch.nn.BatchNorm2d(5)).cuda()
+    x = torch.rand(50, 3, 9, 9, device="cuda")
+    seen, handles = _bn_inputs(net)
+    precise_batchnorm(net, [x[:16], x[16:32], x[32:]])
+    for h in handles:
+        h.remove()
+    for name, bn in net.named_modules():
+        if name in seen:
+            mean, var = _numpy_moments([c.cpu() for c in seen[name]])
+            np.testing.assert_allclose(bn.running_mean.cpu().numpy(), mean, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(bn.running_var.cpu().numpy(), var, rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_write_leaves_the_previous_run_and_no_temporary_files(tmp_path, tiny, monkeypatch):
+    import safetensors.torch
+
+    man, split = tiny
+    run = tmp_path / "run"
+    train(man, split, str(run), TrainConfig(**FAST, seed=1), progress=False)
+    before = {f: (run / f).read_bytes() for f in os.listdir(run)}
+    assert set(before) == {"logits.csv", "model.safetensors", "run.json"}
+
+    def disk_full(tensors, filename, *args, **kw):
+        with open(filename, "wb") as f:
+            f.write(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        train(man, split, str(run), TrainConfig(**FAST, seed=2), progress=False)
+    assert {f: (run / f).read_bytes() for f in os.listdir(run)} == before  # no temporary file either
+    # A first run that fails leaves nothing behind.
+    fresh = tmp_path / "fresh"
+    with pytest.raises(OSError, match="No space left"):
+        train(man, split, str(fresh), TrainConfig(**FAST), progress=False)
+    assert not fresh.exists() or os.listdir(fresh) == []
+
+
+def test_an_unwritable_run_folder_is_refused_before_training(tmp_path, tiny, monkeypatch):
+    import shortcutlab.recipe as recipe
+    from shortcutlab.io import OutputError
+
+    man, split = tiny
+    (tmp_path / "afile").write_text("x")
+    calls = []
+    monkeypatch.setattr(recipe, "load_crops", lambda *a, **k: calls.append(1))
+    with pytest.raises(OutputError, match=r"cannot write the run folder '.*afile': it is a file, not a folder"):
+        train(man, split, str(tmp_path / "afile"), TrainConfig(**FAST), progress=False)
+    with pytest.raises(OutputError, match=r"cannot write the run folder '.*afile/sub/run': '.*afile' is a file, not a folder"):
+        train(man, split, str(tmp_path / "afile" / "sub" / "run"), TrainConfig(**FAST), progress=False)
+    assert calls == []  # refused before the crops were even loaded
+
+
+def test_empty_masks_are_counted_warned_and_recorded(tmp_path):
+    man = _manifest(tmp_path)
+    Image.fromarray(np.zeros((24, 24), np.uint8)).save(tmp_path / "crops" / "m5.png")  # c5: no cell
+    table = load_manifest_table(man)
+    split = parent_split(table, 0.25, seed=0)
+    split.to_csv(tmp_path / "split.csv")
+    # The empty mask, found independently in the mask files on disk.
+    frame = pd.read_csv(man)
+    empty = {r.id for r in frame.itertuples() if not np.asarray(Image.open(tmp_path / r.mask)).any()}
+    assert empty == {"c5"}
+    with pytest.warns(UserWarning, match=r"1 of 32 crops used with masks have an empty \(all-zero\) mask: 'c5'; mask_background"):
+        rec = train(man, str(tmp_path / "split.csv"), str(tmp_path / "a"), TrainConfig(**FAST, mask_background=True), progress=False)
+    saved = json.loads((tmp_path / "a" / "run.json").read_text())["empty_masks"]
+    assert saved == rec.empty_masks == {"count": 1, "checked": 32, "ids": ["c5"], "used_by": ["mask_background"]}
+    # A mask-based augmentation only sees the training crops (c5, parent f1, is one of them).
+    logits = pd.read_csv(tmp_path / "a" / "logits.csv").set_index("id")
+    assert logits.loc["c5", "split"] == "train"
+    n_train = int((logits["split"] == "train").sum())
+    with pytest.warns(UserWarning, match=rf"1 of {n_train} crops .*'c5'; augmentation 'background_removal'"):
+        rec = train(man, str(tmp_path / "split.csv"), str(tmp_path / "b"), TrainConfig(**FAST, augment="background_removal"), progress=False)
+    assert rec.empty_masks == {"count": 1, "checked": n_train, "ids": ["c5"], "used_by": ["augmentation 'background_removal'"]}
+    # No masks used: nothing counted.
+    rec = train(man, str(tmp_path / "split.csv"), str(tmp_path / "c"), TrainConfig(**FAST), progress=False)
+    assert rec.empty_masks is None
+
