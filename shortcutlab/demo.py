@@ -69,16 +69,16 @@ class DemoConfig:
     progress: bool = True
 
 
-def _crops_from_synth(data) -> CropImages:
+def _crops_from_synth(data, source: str = "synthetic benchmark") -> CropImages:
     """Align in-memory synthetic crops with the (id-sorted) CropTable rows."""
-    table = CropTable.from_frame(data.table, id="id", label="label", parent="parent", box="x,y,w,h", source="synthetic benchmark")
+    table = CropTable.from_frame(data.table, id="id", label="label", parent="parent", box="x,y,w,h", source=source)
     order = torch.from_numpy(pd.Index(data.table["id"].astype(str)).get_indexer(table.ids))
     return CropImages(data.images[order], data.masks[order], table)
 
 
 def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_dir: str) -> list[dict]:
     """One factorial on one benchmark: train the four cells, return one row per cell."""
-    from .synth import SynthConfig, synthesize
+    from .synth import SynthConfig, synthesize, write_synth
 
     scfg = SynthConfig(
         seed=seed,
@@ -91,15 +91,23 @@ def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_d
         strength=cfg.strength,
         class_signal=cfg.class_signal,
     )
-    crops = _crops_from_synth(synthesize(scfg))
-    split = factorial_split(crops.table, seed=seed, test_parent_share=cfg.test_parent_share, diversity_contrast=cfg.diversity_contrast)
     name = "+".join(mechanisms)
+    # The benchmark and the split go to disk beside the runs, so that every run records its
+    # data (run.json) and `shortcutlab diagnose RUN` can reload it; training uses the crops
+    # already in memory.
+    bench = synthesize(scfg)
+    cond_dir = os.path.join(out_dir, f"{name}_seed{seed}")
+    paths = write_synth(bench, os.path.join(cond_dir, "benchmark"))
+    crops = _crops_from_synth(bench, source=paths["manifest"])
+    split = factorial_split(crops.table, seed=seed, test_parent_share=cfg.test_parent_share, diversity_contrast=cfg.diversity_contrast)
+    split_path = os.path.join(cond_dir, "split.csv")
+    split.to_csv(split_path)
     no_shared = _no_shared_pixels(crops.table, split)
     rows = []
     for cell in FACTORIAL_CELLS:
         tcfg = TrainConfig(arch=cfg.arch, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, precise_bn=cfg.precise_bn, seed=seed)
         run_dir = os.path.join(out_dir, f"{name}_seed{seed}", cell)
-        rec = train(crops, split, run_dir, tcfg, cell=cell, progress=cfg.progress)
+        rec = train(crops, split_path, run_dir, tcfg, cell=cell, progress=cfg.progress)
         level = cell.split("-")[1]
         subset = no_shared[level]
         logits = pd.read_csv(os.path.join(run_dir, "logits.csv"), usecols=["id", "split", "label", "pred"])

@@ -138,6 +138,9 @@ class RunRecord:
     its accuracy at naming the parent of the (augmented) training crops, measured on each
     batch before its update: an adversary that learns nothing stays at chance, and one that
     wins against the reversed gradient falls well below it.
+
+    ``data`` names the crop manifest and split manifest files the run was trained on (absolute
+    paths; None for data given in memory), so that `shortcutlab diagnose RUN` finds them.
     """
 
     config: dict
@@ -153,6 +156,7 @@ class RunRecord:
     files: dict = field(default_factory=dict)
     empty_masks: dict | None = None
     adversary: dict | None = None
+    data: dict = field(default_factory=dict)
 
 
 class _GradReverse(torch.autograd.Function):
@@ -556,6 +560,12 @@ def train(
         table = manifest if isinstance(manifest, CropTable) else load_manifest_table(manifest)
         crops = load_crops(table)
     table = crops.table
+    source = getattr(table, "source", None)
+    data_files = {
+        "manifest": os.path.abspath(manifest) if isinstance(manifest, (str, os.PathLike))
+        else (os.path.abspath(source) if isinstance(source, str) and os.path.isfile(source) else None),
+        "split": os.path.abspath(split) if isinstance(split, (str, os.PathLike)) else None,
+    }
     if isinstance(split, (str, os.PathLike)):
         split = SplitManifest.read(split)
     side = side_codes(table, split.cell(cell))
@@ -682,6 +692,7 @@ def train(
         files={"weights": "model.safetensors", "logits": "logits.csv", "record": "run.json"},
         empty_masks=empty_masks,
         adversary=adversary_log,
+        data=data_files,
     )
     # All three files appear together or not at all; run.json, which marks a complete run,
     # is renamed into place last.

@@ -53,6 +53,8 @@ def test_one_epoch_end_to_end_writes_the_run(tmp_path, tiny):
     assert {"logit_class0", "logit_class1", "pred", "label"} <= set(logits.columns)
     meta = json.loads((run / "run.json").read_text())
     assert meta["split_sha256"] == rec.split_sha256 and meta["config"]["arch"] == "test_resnet"
+    # the data files are recorded, so `diagnose RUN` can reload them
+    assert meta["data"] == {"manifest": os.path.abspath(man), "split": os.path.abspath(split)}
     assert set(meta["versions"]) >= {"torch", "timm", "shortcutlab"}
     assert meta["n_crops"]["test"] == 8 and 0 <= meta["accuracy"]["test"] <= 1
     # The saved weights reload into the same logits.
