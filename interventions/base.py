@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import warnings
 from typing import Any, ClassVar
 
 import torch
@@ -49,6 +50,23 @@ RANGE_TOL = 1e-4
 
 class InterventionError(ShortcutlabError):
     """An intervention got input that breaks its contract, or bad parameters."""
+
+
+class InterventionWarning(UserWarning):
+    """Some crops of a batch could not get the intervention as documented (see `last_applicable`)."""
+
+
+def warn_not_applicable(owner: str, applicable: torch.Tensor, what: str) -> None:
+    """One warning per call naming how many crops were flagged not applicable, if any.
+
+    Args:
+        owner: the intervention's name.
+        applicable: (B,) bool flags (False: not applicable).
+        what: what happened to those crops, e.g. "have an empty cell mask: ...".
+    """
+    n = int((~applicable).sum()) if applicable.numel() else 0
+    if n:
+        warnings.warn(f"{owner}: {n} of {applicable.numel()} crop(s) {what} (flagged False in last_applicable)", InterventionWarning, stacklevel=3)
 
 
 def check_image(x: torch.Tensor, name: str = "x") -> tuple[float, float]:
@@ -116,6 +134,13 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
         requires_mask: forward raises without a cell mask.
         stochastic: the output depends on a random draw (`draw_params`).
         label_conditioned: forward needs per-crop context chosen from the labels.
+
+    Attributes:
+        last_params: the last draw (stochastic interventions).
+        last_applicable: (B,) bool flags of the last call, False for the crops the intervention
+            could not treat as documented (an empty cell mask, a crop without tissue), each call
+            warning once with their count (`InterventionWarning`); None for interventions that
+            treat every crop.
     """
 
     name: ClassVar[str] = ""
@@ -129,6 +154,9 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
             raise InterventionError(f"generator must be a torch.Generator; got {type(generator).__name__}")
         self.generator = generator
         self.last_params: dict[str, torch.Tensor] | None = None
+        # (B,) bool flags of the last call, for interventions that can meet a crop they cannot
+        # treat as documented (an empty cell mask, no tissue); None for the others.
+        self.last_applicable: torch.Tensor | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Fail when the class is defined, not at its first call: a random intervention
