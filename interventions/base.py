@@ -36,6 +36,8 @@ Example:
 from __future__ import annotations
 
 import abc
+import os
+import sys
 import warnings
 from typing import Any, ClassVar
 
@@ -66,7 +68,20 @@ def warn_not_applicable(owner: str, applicable: torch.Tensor, what: str) -> None
     """
     n = int((~applicable).sum()) if applicable.numel() else 0
     if n:
-        warnings.warn(f"{owner}: {n} of {applicable.numel()} crop(s) {what} (flagged False in last_applicable)", InterventionWarning, stacklevel=3)
+        warnings.warn(f"{owner}: {n} of {applicable.numel()} crop(s) {what} (flagged False in last_applicable)", InterventionWarning, stacklevel=_outside_stacklevel())
+
+
+# Frames in these folders are skipped when a warning names the line that caused it.
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+
+
+def _outside_stacklevel() -> int:
+    """The `warnings.warn` stacklevel, for its caller, of the first frame outside this package
+    and torch (the user's call, through nn.Module's call machinery)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_image(x: torch.Tensor, name: str = "x") -> tuple[float, float]:

@@ -32,7 +32,8 @@ goes in chunks of about 128K pixels per thread so the intermediates stay in cach
 Not applicable: a crop with fewer than `min_tissue_pixels` tissue pixels (a background-only
 crop, say), or whose estimate degenerates (both stain vectors equal, non-finite values), is
 returned unchanged and flagged: `StainNormalize.last_applicable` holds the (B,) flags of the
-last call and ``stain_normalize(..., return_applicable=True)`` returns them.
+last call and ``stain_normalize(..., return_applicable=True)`` returns them; each call warns
+once with their count (`InterventionWarning`).
 
 Example:
     >>> import torch
@@ -50,7 +51,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .base import Intervention, InterventionError, check_image, check_mask
+from .base import Intervention, InterventionError, check_image, check_mask, warn_not_applicable
 from .registry import register
 
 # torchstain's (and Macenko's reference implementation's) defaults: columns H, E over R, G, B.
@@ -261,6 +262,9 @@ def _normalize(x, mask, HE_ref: np.ndarray, maxC_ref: np.ndarray, Io, alpha, bet
     return out.reshape(x.shape), ok_all
 
 
+_NOT_APPLICABLE = "give no stain estimate (too few tissue pixels, inside the mask if given, or a degenerate one), so they were returned unchanged"
+
+
 def stain_normalize(
     x: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -294,6 +298,7 @@ def stain_normalize(
     settings = _check_settings(Io, alpha, beta, min_tissue_pixels)
     HE, mc = _check_reference(stain_matrix, max_conc)
     y, ok = _normalize(x, mask, HE, mc, *settings)  # the tolerated overshoot needs no clamp: ln(x + 1/255) is finite
+    warn_not_applicable("stain_normalize", ok, _NOT_APPLICABLE)
     return (y, ok) if return_applicable else y
 
 
@@ -380,6 +385,7 @@ class StainNormalize(Intervention):
         HE, mc = self._reference()
         y, ok = _normalize(x, mask, HE, mc, self.Io, self.alpha, self.beta, self.min_tissue_pixels)
         self.last_applicable = ok
+        warn_not_applicable(self.name, ok, _NOT_APPLICABLE)
         return y
 
     def extra_repr(self) -> str:

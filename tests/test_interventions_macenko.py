@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from interventions import InterventionError, StainNormalize, estimate_stains, stain_normalize
+from interventions import InterventionError, InterventionWarning, StainNormalize, estimate_stains, stain_normalize
 from interventions.hed import RGB_FROM_HED
 from interventions.macenko import DEFAULT_IO, OD_OFFSET, REFERENCE_STAIN_MATRIX, _masked_percentiles
 
@@ -123,16 +123,19 @@ def test_background_only_crop_is_not_applicable_and_unchanged(ihc_tiles):
     x = _to_batch(ihc_tiles[0], ihc_tiles[1], dtype=torch.float32)
     white = torch.full((1, 3, 64, 64), 0.96) + 0.02 * torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     batch = torch.cat([x[:1], white, x[1:]])
-    y, ok = stain_normalize(batch, return_applicable=True)
+    with pytest.warns(InterventionWarning, match="stain_normalize: 1 of 3 crop"):
+        y, ok = stain_normalize(batch, return_applicable=True)
     assert ok.tolist() == [True, False, True]
     assert torch.equal(y[1], batch[1])
     torch.testing.assert_close(y[[0, 2]], stain_normalize(x), rtol=0, atol=1e-6)
     t = StainNormalize()
-    assert torch.equal(t(white), white) and t.last_applicable.tolist() == [False]
+    with pytest.warns(InterventionWarning, match="1 of 1"):
+        assert torch.equal(t(white), white) and t.last_applicable.tolist() == [False]
     # a cell mask restricts the estimate: an empty mask leaves nothing to estimate from
     mask = torch.zeros(3, 1, 64, 64)
     mask[0] = 1
-    _, ok = stain_normalize(batch, mask, return_applicable=True)
+    with pytest.warns(InterventionWarning, match="2 of 3"):
+        _, ok = stain_normalize(batch, mask, return_applicable=True)
     assert ok.tolist() == [True, False, False]
 
 
