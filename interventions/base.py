@@ -92,7 +92,8 @@ def check_image(x: torch.Tensor, name: str = "x") -> tuple[float, float]:
         name: how the error message refers to the argument.
 
     Returns:
-        x's (min, max) (one pass over the data; (0, 0) for an empty batch).
+        x's (min, max) (one pass over the data; (0, 0) for an empty batch, B = 0, which is
+        valid: every intervention returns an empty batch for it).
     """
     if not isinstance(x, torch.Tensor):
         raise InterventionError(f"{name} must be a torch.Tensor of shape (B, 3, H, W); got {type(x).__name__}")
@@ -101,7 +102,9 @@ def check_image(x: torch.Tensor, name: str = "x") -> tuple[float, float]:
         raise InterventionError(f"{name} must be a float tensor with values in [0, 1]; got dtype {x.dtype}{hint}")
     if x.ndim != 4 or x.shape[1] != 3:
         raise InterventionError(f"{name} must have shape (B, 3, H, W); got {tuple(x.shape)}")
-    if x.numel() == 0:
+    if x.shape[2] == 0 or x.shape[3] == 0:
+        raise InterventionError(f"{name} must have images of at least 1 x 1 pixel (H, W >= 1); got shape {tuple(x.shape)}")
+    if x.numel() == 0:  # an empty batch (B = 0) is valid: interventions return an empty batch
         return 0.0, 0.0
     lo_t, hi_t = torch.aminmax(x)
     lo, hi = float(lo_t), float(hi_t)

@@ -123,6 +123,8 @@ def _masked_percentiles(v: torch.Tensor, valid: torch.Tensor | None, qs: Sequenc
         (R, len(qs)).
     """
     R, N = v.shape
+    if R == 0 or N == 0:  # an empty batch (or no pixels): nothing to take, garbage is NaN
+        return torch.full((R, len(qs)), math.nan, dtype=v.dtype, device=v.device)
     n = torch.full((R,), N, device=v.device, dtype=torch.long) if valid is None else valid.sum(-1)
     last = (n - 1).clamp(min=0)
     out = []
@@ -358,6 +360,8 @@ class StainNormalize(Intervention):
         if isinstance(images, torch.Tensor) and images.dtype == torch.uint8:
             images = images.to(torch.float32).div_(255.0)
         check_image(images, "images")
+        if len(images) == 0:
+            raise InterventionError(f"stain_normalize.fit needs at least one target image; got images of shape {tuple(images.shape)}")
         if masks is not None:
             masks = check_mask(masks, images, "masks")
         N, _, H, W = images.shape

@@ -116,6 +116,12 @@ def test_fit_equals_the_numpy_macenko_of_the_pooled_images():
     np.testing.assert_allclose(t.max_conc_, max_c, rtol=1e-9, atol=0)
 
 
+def test_an_empty_batch_has_an_empty_estimate():
+    for mask in (None, torch.zeros(0, 1, 8, 8)):
+        est = estimate_stains(torch.rand(0, 3, 8, 8), mask)
+        assert [tuple(t.shape) for t in est] == [(0, 3, 2), (0, 2), (0,), (0,)]
+
+
 def test_masked_percentiles_equal_numpys():
     g = torch.Generator().manual_seed(0)
     v = torch.randn(6, 301, generator=g, dtype=torch.float64)
