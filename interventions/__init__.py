@@ -13,7 +13,7 @@ twin. Look them up by name:
 ``shortcutlab.interventions``); `register` adds your own.
 """
 
-from .base import Intervention, InterventionError, check_image, check_mask
+from .base import Intervention, InterventionError, InterventionWarning, check_image, check_mask
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
 
 # Built-ins register themselves on import.
@@ -59,6 +59,7 @@ __all__ = [
     "Greyscale",
     "Intervention",
     "InterventionError",
+    "InterventionWarning",
     "HEDJitter",
     "LowPass",
     "Reinhard",

@@ -27,6 +27,12 @@ input's linear [0, 1] intensities.
 
 Crops without any background pixel (mask 1 everywhere) are returned unchanged by removal and
 noise; such a crop cannot lend a background, and asking it to raises `InterventionError`.
+A crop whose mask is empty (no cell pixel: a failed segmentation, or a tile of background)
+has nothing to keep: removal and noise fill all of it and transplant gives it the donor's
+background whole, so no trace of the crop's own background survives (an intervention that
+removes the background must never let it through). Such crops are flagged False in
+`last_applicable` (the function twins return the flags with ``return_applicable=True``), and
+each call warns once with their count (`InterventionWarning`): drop or count them.
 
 Example:
     >>> import torch
@@ -45,7 +51,7 @@ from typing import Any, Literal, Sequence
 import torch
 from kornia.filters import gaussian_blur2d
 
-from .base import Intervention, InterventionError, check_image, check_mask
+from .base import Intervention, InterventionError, check_image, check_mask, warn_not_applicable
 from .registry import register
 
 Fill = Literal["constant", "mean", "noise"]
@@ -135,6 +141,15 @@ def background_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
     return mean, var.clamp_min(0).sqrt(), has_bg
 
 
+_EMPTY_MASK = "have an empty cell mask (no cell pixel), so the whole crop was replaced"
+
+
+def _flag_empty_masks(t: Intervention, mask: torch.Tensor) -> None:
+    """Set t.last_applicable (False: the crop's mask is empty) and warn with the count."""
+    t.last_applicable = mask.flatten(1).amax(1) > 0 if mask.numel() else torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    warn_not_applicable(t.name, t.last_applicable, _EMPTY_MASK)
+
+
 def _blend(x: torch.Tensor, mask: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
     # m * x + (1 - m) * f is exact at both ends: m == 1 gives x, m == 0 gives f.
     return mask * x + (1.0 - mask) * fill
@@ -164,7 +179,8 @@ def background_removal(
     value: float | tuple[float, float, float] = 0.5,
     *,
     generator: torch.Generator | None = None,
-) -> torch.Tensor:
+    return_applicable: bool = False,
+):
     """Function twin of `BackgroundRemoval`: replace the background outside the cell mask.
 
     Args:
@@ -175,13 +191,16 @@ def background_removal(
             `generator`; the same as `background_noise`).
         value: the constant fill, a grey level or an (R, G, B) triple in [0, 1].
         generator: CPU generator for fill="noise".
+        return_applicable: also return the (B,) bool flags (False: the crop's mask is empty,
+            so all of it is fill; warned).
 
     Returns:
-        (B, 3, H, W) tensor of x's dtype and device.
+        (B, 3, H, W) tensor of x's dtype and device; with `return_applicable`, the tuple
+        (output, applicable).
     """
-    if fill == "noise":
-        return BackgroundNoise()(x, mask, generator=generator)
-    return BackgroundRemoval(fill=fill, value=value)(x, mask)
+    t = BackgroundNoise() if fill == "noise" else BackgroundRemoval(fill=fill, value=value)
+    y = t(x, mask, generator=generator) if fill == "noise" else t(x, mask)
+    return (y, t.last_applicable) if return_applicable else y
 
 
 @register("background_removal")
@@ -189,7 +208,8 @@ class BackgroundRemoval(Intervention):
     """Fill the background outside the cell mask with a constant or the crop's own mean colour.
 
     See the module docstring for the formula. Crops without background pixels come back
-    unchanged under fill="mean".
+    unchanged under fill="mean"; crops with an empty mask come back all fill, flagged False in
+    `last_applicable` and warned about.
 
     Args:
         fill: "constant" or "mean". For Gaussian noise use the stochastic `BackgroundNoise`
@@ -209,6 +229,7 @@ class BackgroundRemoval(Intervention):
         self.fill, self.value = _check_fill(fill, value)
 
     def apply(self, x, mask, params, **context):
+        _flag_empty_masks(self, mask)
         if self.fill == "constant":
             f = torch.tensor(self.value, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
             return _blend(x, mask, f)
@@ -219,15 +240,18 @@ class BackgroundRemoval(Intervention):
         return f"fill={self.fill!r}" + (f", value={self.value}" if self.fill == "constant" else "")
 
 
-def background_noise(x: torch.Tensor, mask: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+def background_noise(x: torch.Tensor, mask: torch.Tensor, *, generator: torch.Generator | None = None, return_applicable: bool = False):
     """Function twin of `BackgroundNoise`: background replaced by noise of its own mean and std.
 
     Args:
         x: (B, 3, H, W) float images in [0, 1].
         mask: (B, 1, H, W) cell mask (1 = cell).
         generator: CPU generator for the noise.
+        return_applicable: also return the (B,) bool flags (False: empty mask, all noise).
     """
-    return BackgroundNoise()(x, mask, generator=generator)
+    t = BackgroundNoise()
+    y = t(x, mask, generator=generator)
+    return (y, t.last_applicable) if return_applicable else y
 
 
 @register("background_noise")
@@ -236,7 +260,8 @@ class BackgroundNoise(Intervention):
 
     f = clamp(mu + sd * z, 0, 1) per channel, z ~ N(0, 1) i.i.d. per pixel; see the module
     docstring. Parameters: ``{"noise": z}``, a (B, 3, H, W) standard normal tensor. Crops
-    without background pixels come back unchanged.
+    without background pixels come back unchanged; crops with an empty mask come back all
+    noise, flagged False in `last_applicable` and warned about.
     """
 
     requires_mask = True
@@ -254,6 +279,7 @@ class BackgroundNoise(Intervention):
         if not isinstance(z, torch.Tensor) or tuple(z.shape) != tuple(x.shape):
             got = tuple(z.shape) if isinstance(z, torch.Tensor) else repr(z)
             raise InterventionError(f"background_noise params must be {{'noise': tensor of shape {tuple(x.shape)}}}; got noise {got}")
+        _flag_empty_masks(self, mask)
         mean, std, has_bg = background_stats(x, mask)
         f = (mean + std * z.to(device=x.device, dtype=x.dtype)).clamp(0.0, 1.0)
         return torch.where(has_bg, _blend(x, mask, f), x)
@@ -316,7 +342,8 @@ def background_transplant(
     sigma: float | None = None,
     params: dict[str, torch.Tensor] | None = None,
     generator: torch.Generator | None = None,
-) -> torch.Tensor:
+    return_applicable: bool = False,
+):
     """Function twin of `BackgroundTransplant`: each cell on another crop's cleaned background.
 
     Args:
@@ -329,8 +356,12 @@ def background_transplant(
         sigma: Gaussian standard deviation in pixels for removing the donor's cell.
         params: a previous draw ``{"donor": LongTensor(B)}`` to replay.
         generator: CPU generator for the donor draw.
+        return_applicable: also return the (B,) bool flags (False: the crop's own mask is
+            empty, so it became the donor's background whole; warned).
     """
-    return BackgroundTransplant(sigma=sigma)(x, mask, params=params, generator=generator, donors=donors, donor_masks=donor_masks)
+    t = BackgroundTransplant(sigma=sigma)
+    y = t(x, mask, params=params, generator=generator, donors=donors, donor_masks=donor_masks)
+    return (y, t.last_applicable) if return_applicable else y
 
 
 @register("background_transplant")
@@ -341,7 +372,9 @@ class BackgroundTransplant(Intervention):
     docstring). By default the donors are a random derangement of the batch, drawn as
     ``{"donor": LongTensor(B)}`` (crop i gets the background of crop donor[i]); this needs
     B >= 2. Pass ``donors=`` and ``donor_masks=`` to `forward` to lend backgrounds from other
-    images instead; nothing is drawn then and `last_params` is ``{}``.
+    images instead; nothing is drawn then and `last_params` is ``{}``. A crop whose own mask
+    is empty has no cell to keep and becomes the donor's background whole: flagged False in
+    `last_applicable` and warned about.
 
     Args:
         sigma: Gaussian standard deviation in pixels for filling the donor's cell from its
@@ -413,6 +446,7 @@ class BackgroundTransplant(Intervention):
             donor = donor.to(device=x.device, dtype=torch.long)
             d_x, d_m = x[donor], mask[donor]
         bg = clean_background(d_x, d_m, default_sigma(x, self.sigma))
+        _flag_empty_masks(self, mask)
         return _blend(x, mask, bg)
 
     def extra_repr(self) -> str:

@@ -36,6 +36,9 @@ Example:
 from __future__ import annotations
 
 import abc
+import os
+import sys
+import warnings
 from typing import Any, ClassVar
 
 import torch
@@ -51,6 +54,36 @@ class InterventionError(ShortcutlabError):
     """An intervention got input that breaks its contract, or bad parameters."""
 
 
+class InterventionWarning(UserWarning):
+    """Some crops of a batch could not get the intervention as documented (see `last_applicable`)."""
+
+
+def warn_not_applicable(owner: str, applicable: torch.Tensor, what: str) -> None:
+    """One warning per call naming how many crops were flagged not applicable, if any.
+
+    Args:
+        owner: the intervention's name.
+        applicable: (B,) bool flags (False: not applicable).
+        what: what happened to those crops, e.g. "have an empty cell mask: ...".
+    """
+    n = int((~applicable).sum()) if applicable.numel() else 0
+    if n:
+        warnings.warn(f"{owner}: {n} of {applicable.numel()} crop(s) {what} (flagged False in last_applicable)", InterventionWarning, stacklevel=_outside_stacklevel())
+
+
+# Frames in these folders are skipped when a warning names the line that caused it.
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+
+
+def _outside_stacklevel() -> int:
+    """The `warnings.warn` stacklevel, for its caller, of the first frame outside this package
+    and torch (the user's call, through nn.Module's call machinery)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def check_image(x: torch.Tensor, name: str = "x") -> tuple[float, float]:
     """Raise `InterventionError` unless x is a float (B, 3, H, W) tensor with values in [0, 1].
 
@@ -59,7 +92,8 @@ def check_image(x: torch.Tensor, name: str = "x") -> tuple[float, float]:
         name: how the error message refers to the argument.
 
     Returns:
-        x's (min, max) (one pass over the data; (0, 0) for an empty batch).
+        x's (min, max) (one pass over the data; (0, 0) for an empty batch, B = 0, which is
+        valid: every intervention returns an empty batch for it).
     """
     if not isinstance(x, torch.Tensor):
         raise InterventionError(f"{name} must be a torch.Tensor of shape (B, 3, H, W); got {type(x).__name__}")
@@ -68,7 +102,9 @@ def check_image(x: torch.Tensor, name: str = "x") -> tuple[float, float]:
         raise InterventionError(f"{name} must be a float tensor with values in [0, 1]; got dtype {x.dtype}{hint}")
     if x.ndim != 4 or x.shape[1] != 3:
         raise InterventionError(f"{name} must have shape (B, 3, H, W); got {tuple(x.shape)}")
-    if x.numel() == 0:
+    if x.shape[2] == 0 or x.shape[3] == 0:
+        raise InterventionError(f"{name} must have images of at least 1 x 1 pixel (H, W >= 1); got shape {tuple(x.shape)}")
+    if x.numel() == 0:  # an empty batch (B = 0) is valid: interventions return an empty batch
         return 0.0, 0.0
     lo_t, hi_t = torch.aminmax(x)
     lo, hi = float(lo_t), float(hi_t)
@@ -116,6 +152,13 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
         requires_mask: forward raises without a cell mask.
         stochastic: the output depends on a random draw (`draw_params`).
         label_conditioned: forward needs per-crop context chosen from the labels.
+
+    Attributes:
+        last_params: the last draw (stochastic interventions).
+        last_applicable: (B,) bool flags of the last call, False for the crops the intervention
+            could not treat as documented (an empty cell mask, a crop without tissue), each call
+            warning once with their count (`InterventionWarning`); None for interventions that
+            treat every crop.
     """
 
     name: ClassVar[str] = ""
@@ -129,6 +172,9 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
             raise InterventionError(f"generator must be a torch.Generator; got {type(generator).__name__}")
         self.generator = generator
         self.last_params: dict[str, torch.Tensor] | None = None
+        # (B,) bool flags of the last call, for interventions that can meet a crop they cannot
+        # treat as documented (an empty cell mask, no tissue); None for the others.
+        self.last_applicable: torch.Tensor | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Fail when the class is defined, not at its first call: a random intervention

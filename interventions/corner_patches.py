@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
-from .base import Intervention, InterventionError, check_image
+from .base import Intervention, InterventionError, InterventionWarning, check_image
 from .registry import register
 
 Position = Literal["top_left", "top_right", "bottom_left", "bottom_right", "centre"]
@@ -87,7 +89,9 @@ def patch_mask_coverage(mask: torch.Tensor, size: int = 20) -> torch.Tensor:
     Returns:
         (B, 5) tensor, columns in the order of `POSITIONS`: the mean of the mask over each patch
         (0 = pure background, 1 = all cell); float32 for bool or integer masks, else the mask's
-        dtype.
+        dtype. A crop whose mask is empty gets 0 everywhere, which says that its mask found no
+        cell, not that its patches are background (a failed segmentation looks the same): each
+        call warns once with the count of such crops (`InterventionWarning`).
 
     Example:
         >>> m = torch.zeros(1, 1, 40, 40); m[..., 10:30, 10:30] = 1
@@ -104,6 +108,14 @@ def patch_mask_coverage(mask: torch.Tensor, size: int = 20) -> torch.Tensor:
     if m.numel() and not (float(m.min()) >= 0 and float(m.max()) <= 1):
         raise InterventionError(f"mask must hold values in [0, 1]; got min {float(m.min()):.4g}, max {float(m.max()):.4g}")
     boxes = patch_boxes(m.shape[-2], m.shape[-1], size)
+    empty = int((m.flatten(1).amax(1) <= 0).sum()) if m.numel() else 0
+    if empty:
+        warnings.warn(
+            f"patch_mask_coverage: {empty} of {m.shape[0]} crop(s) have an empty cell mask, so their coverage 0 says the mask found no cell, "
+            "not that their patches are background",
+            InterventionWarning,
+            stacklevel=2,
+        )
     return torch.stack([m[:, 0, t:b, l:r].mean(dim=(-2, -1)) for t, l, b, r in boxes.values()], dim=1)
 
 

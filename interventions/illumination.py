@@ -39,7 +39,8 @@ solved batched through the normal equations in float64 with a tiny ridge (1e-6) 
 non-constant terms, so that a background confined to a line or a few pixels still gives a
 finite, flat-as-possible fit. I is floored at 1/255 before dividing. A crop with no
 background at all (mask 1 everywhere), or whose background is black in a channel, is returned
-unchanged in that crop (or channel).
+unchanged in that crop (or channel); crops without background are flagged False in
+`last_applicable` and each call warns once with their count.
 
 Example:
     >>> import torch
@@ -55,7 +56,7 @@ from __future__ import annotations
 import torch
 
 from .background import check_sigma, default_sigma, normalised_convolution
-from .base import Intervention, InterventionError, check_image, check_mask
+from .base import Intervention, InterventionError, check_image, check_mask, warn_not_applicable
 from .registry import register
 
 # Illumination below one 8-bit grey level carries no signal; dividing by less only amplifies noise.
@@ -150,7 +151,11 @@ def estimate_illumination(
     return torch.where(share < min_background, plane, smooth).clamp_min(ILLUMINATION_FLOOR)
 
 
-def _flatten(x: torch.Tensor, mask: torch.Tensor | None, sigma: float | None, degree: int, min_background: float) -> torch.Tensor:
+_NO_BACKGROUND = "have no background pixel (mask 1 everywhere), so they were returned unchanged"
+
+
+def _flatten(x: torch.Tensor, mask: torch.Tensor | None, sigma: float | None, degree: int, min_background: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flattened batch and the (B,) flags of crops with some background (the others unchanged)."""
     w = torch.ones_like(x[:, :1]) if mask is None else 1.0 - mask
     total = w.sum(dim=(2, 3), keepdim=True)
     has_bg = total > 0
@@ -160,7 +165,7 @@ def _flatten(x: torch.Tensor, mask: torch.Tensor | None, sigma: float | None, de
     ratio_level = _weighted_mean(ratio, w, total)
     valid = has_bg & (level > ILLUMINATION_FLOOR) & (ratio_level > 0)
     scale = torch.where(valid, level / torch.where(valid, ratio_level, torch.ones_like(ratio_level)), torch.ones_like(level))
-    return torch.where(valid, ratio * scale, x)
+    return torch.where(valid, ratio * scale, x), has_bg.view(-1)
 
 
 def illumination_flattening(
@@ -169,7 +174,9 @@ def illumination_flattening(
     sigma: float | None = None,
     degree: int = 2,
     min_background: float = 0.1,
-) -> torch.Tensor:
+    *,
+    return_applicable: bool = False,
+):
     """Function twin of `IlluminationFlattening`: divide out the background's smooth illumination.
 
     Args:
@@ -178,15 +185,21 @@ def illumination_flattening(
         sigma: Gaussian standard deviation in pixels (default: a quarter of the shorter side).
         degree: polynomial surface degree of the smooth path (0: plain normalised convolution).
         min_background: background share below which the plane fallback is used.
+        return_applicable: also return the (B,) bool flags (False: no background pixel, the
+            crop came back unchanged; warned).
 
     Returns:
-        (B, 3, H, W) tensor of x's dtype and device with values in [0, 1].
+        (B, 3, H, W) tensor of x's dtype and device with values in [0, 1]; with
+        `return_applicable`, the tuple (output, applicable).
     """
     check_image(x)
     if mask is not None:
         mask = check_mask(mask, x)
     sigma, degree, min_background = _check_settings(sigma, degree, min_background)
-    return _flatten(x.clamp(0.0, 1.0), mask, sigma, degree, min_background).clamp(0.0, 1.0)
+    y, ok = _flatten(x.clamp(0.0, 1.0), mask, sigma, degree, min_background)
+    warn_not_applicable("illumination_flattening", ok, _NO_BACKGROUND)
+    y = y.clamp(0.0, 1.0)
+    return (y, ok) if return_applicable else y
 
 
 @register("illumination_flattening")
@@ -207,7 +220,9 @@ class IlluminationFlattening(Intervention):
         self.sigma, self.degree, self.min_background = _check_settings(sigma, degree, min_background)
 
     def apply(self, x, mask, params, **context):
-        return _flatten(x, mask, self.sigma, self.degree, self.min_background)
+        y, self.last_applicable = _flatten(x, mask, self.sigma, self.degree, self.min_background)
+        warn_not_applicable(self.name, self.last_applicable, _NO_BACKGROUND)
+        return y
 
     def extra_repr(self) -> str:
         return f"sigma={self.sigma}, degree={self.degree}, min_background={self.min_background}"

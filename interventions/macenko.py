@@ -32,7 +32,8 @@ goes in chunks of about 128K pixels per thread so the intermediates stay in cach
 Not applicable: a crop with fewer than `min_tissue_pixels` tissue pixels (a background-only
 crop, say), or whose estimate degenerates (both stain vectors equal, non-finite values), is
 returned unchanged and flagged: `StainNormalize.last_applicable` holds the (B,) flags of the
-last call and ``stain_normalize(..., return_applicable=True)`` returns them.
+last call and ``stain_normalize(..., return_applicable=True)`` returns them; each call warns
+once with their count (`InterventionWarning`).
 
 Example:
     >>> import torch
@@ -50,7 +51,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .base import Intervention, InterventionError, check_image, check_mask
+from .base import Intervention, InterventionError, check_image, check_mask, warn_not_applicable
 from .registry import register
 
 # torchstain's (and Macenko's reference implementation's) defaults: columns H, E over R, G, B.
@@ -122,6 +123,8 @@ def _masked_percentiles(v: torch.Tensor, valid: torch.Tensor | None, qs: Sequenc
         (R, len(qs)).
     """
     R, N = v.shape
+    if R == 0 or N == 0:  # an empty batch (or no pixels): nothing to take, garbage is NaN
+        return torch.full((R, len(qs)), math.nan, dtype=v.dtype, device=v.device)
     n = torch.full((R,), N, device=v.device, dtype=torch.long) if valid is None else valid.sum(-1)
     last = (n - 1).clamp(min=0)
     out = []
@@ -261,6 +264,9 @@ def _normalize(x, mask, HE_ref: np.ndarray, maxC_ref: np.ndarray, Io, alpha, bet
     return out.reshape(x.shape), ok_all
 
 
+_NOT_APPLICABLE = "give no stain estimate (too few tissue pixels, inside the mask if given, or a degenerate one), so they were returned unchanged"
+
+
 def stain_normalize(
     x: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -294,6 +300,7 @@ def stain_normalize(
     settings = _check_settings(Io, alpha, beta, min_tissue_pixels)
     HE, mc = _check_reference(stain_matrix, max_conc)
     y, ok = _normalize(x, mask, HE, mc, *settings)  # the tolerated overshoot needs no clamp: ln(x + 1/255) is finite
+    warn_not_applicable("stain_normalize", ok, _NOT_APPLICABLE)
     return (y, ok) if return_applicable else y
 
 
@@ -353,6 +360,8 @@ class StainNormalize(Intervention):
         if isinstance(images, torch.Tensor) and images.dtype == torch.uint8:
             images = images.to(torch.float32).div_(255.0)
         check_image(images, "images")
+        if len(images) == 0:
+            raise InterventionError(f"stain_normalize.fit needs at least one target image; got images of shape {tuple(images.shape)}")
         if masks is not None:
             masks = check_mask(masks, images, "masks")
         N, _, H, W = images.shape
@@ -380,6 +389,7 @@ class StainNormalize(Intervention):
         HE, mc = self._reference()
         y, ok = _normalize(x, mask, HE, mc, self.Io, self.alpha, self.beta, self.min_tissue_pixels)
         self.last_applicable = ok
+        warn_not_applicable(self.name, ok, _NOT_APPLICABLE)
         return y
 
     def extra_repr(self) -> str:

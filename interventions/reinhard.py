@@ -7,16 +7,19 @@ k in (L*, a*, b*),
 
 where mu_k and sd_k are the mean and the (population) standard deviation of channel k over
 the image's cell pixels (weighted by the mask; all pixels without a mask, or when a crop's
-mask is empty) and the transfer is applied to every pixel, background included. Units: CIELAB
+mask is empty: such crops are flagged False in `last_applicable`, and each call warns with
+their count) and the transfer is applied to every pixel, background included. Units: CIELAB
 with the D65 white and the 2-degree observer, L* in [0, 100], a* and b* roughly in
 [-128, 127]; the input is sRGB in [0, 1] (kornia's `rgb_to_lab` convention, itself
 scikit-image's `rgb2lab`). The result goes back to sRGB and is clamped to [0, 1], so pixels
 pushed out of gamut are clipped and the output's statistics then differ from the target's.
-A channel with zero spread maps to the target mean.
+A channel whose spread sd_k is below `FLAT_STD` (0.01 LAB units, in every dtype) counts as
+flat and maps to the target mean, whatever float rounding left in it: a white crop stays the
+target's mean colour instead of having its rounding noise scaled by 1e5.
 
 Targets are given directly (`target_mean`, `target_std`: 3 LAB values each) or fitted with
 `Reinhard().fit(images, masks)`, which pools every cell pixel of the given crops (one field,
-say). The label-conditioned variant `ReinhardToField` (registered as
+say; a crop whose mask is empty has no cell pixel and is skipped and counted). The label-conditioned variant `ReinhardToField` (registered as
 ``reinhard_unseen_field``) takes per-crop targets ``target_mean=(B, 3)``,
 ``target_std=(B, 3)`` at call time; `unseen_field_targets` chooses them the way the paper's F2
 did (each test crop gets a field of its own class that no compared training cell has seen) and
@@ -28,8 +31,9 @@ every piecewise function with `torch.where` (slow on CPU), allocates a new tenso
 and materialises LAB. Here the same formulas, constants and knees run branch-free
 (``max``/``min`` clamps, in place, in two reused buffers), powers are exp2(p log2 t) (half the
 time of float32 `pow`), the statistics come from kornia's intermediate f-space (LAB is an
-affine map of f = (f_x, f_y, f_z), so the per-image LAB mean and variance follow from the mean
-and 3 x 3 covariance of f: batched matrix products), the transfer is one batched 3 x 3 affine
+affine map of f = (f_x, f_y, f_z): the per-image LAB mean and variance come from the mean of
+f and the per-pixel LAB deviations T (f - mean), one batched 3 x 3 product and two sums, see
+`_lab_moments` for why not from the 3 x 3 covariance of f), the transfer is one batched 3 x 3 affine
 map of f, and on CPU the batch goes in chunks of about 128K pixels per thread so the buffers
 stay in cache. LAB values equal kornia's `rgb_to_lab` to 1e-12 in float64 and 2e-4 LAB units in
 float32, and `tests/test_interventions_reinhard.py` checks this and the whole transfer against
@@ -45,13 +49,14 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from .base import Intervention, InterventionError, check_image, check_mask
+from .base import Intervention, InterventionError, InterventionWarning, check_image, check_mask, warn_not_applicable
 from .registry import register
 
 # kornia.color constants (translated there from scikit-image): linear sRGB -> XYZ (D65),
@@ -84,7 +89,12 @@ _LAB_KNEE_GAP = _LAB_KNEE ** (1.0 / 3.0) - (7.787 * _LAB_KNEE + 4.0 / 29.0)  # 3
 _SRGB_KNEE_GAP = ((_SRGB_KNEE + 0.055) / 1.055) ** 2.4 - _SRGB_KNEE / 12.92  # 2.3e-9
 
 LAB_CHANNELS = ("L", "a", "b")
-_STD_EPS = 1e-6  # LAB units; a source spread below this counts as zero
+# LAB units: a source channel with a smaller spread counts as flat and maps to the target mean.
+# Above what arithmetic leaves in a flat channel (float32 rounding of the pixels, about 3e-5)
+# and what the rounded sRGB/D65 constants give a neutral grey ramp (a*, b* spread up to 1.3e-3,
+# scikit-image's too), so that grey stays grey in every dtype; 100 times below a just
+# noticeable colour difference (about 1 LAB unit).
+FLAT_STD = 1e-2
 _CPU_CHUNK_PIXELS = 1 << 17  # pixels per CPU chunk and thread (two float32 buffers of 1.5 MB)
 _POLICY_STREAM = 5  # numpy random stream of unseen_field_targets (splits use 1-4)
 
@@ -162,43 +172,64 @@ def lab_to_rgb(lab: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ statistics
-def _f_moments(
-    f: torch.Tensor, w: torch.Tensor | None, scratch: torch.Tensor | None = None, scratch2: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Weighted moments of f (B, 3, N) with weights w (B, 1, N) or None (`scratch`, `scratch2`:
-    optional buffers like f, overwritten).
+def _lab_moments(
+    f: torch.Tensor,
+    w: torch.Tensor | None,
+    scratch: torch.Tensor | None = None,
+    scratch2: torch.Tensor | None = None,
+    empty_uses_all: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weighted LAB moments of every crop from its f-values.
+
+    Corrected two-pass in LAB coordinates: with m_f the (weighted) mean of f and per pixel
+    d = T (f - m_f) (the LAB deviation; T is `_F_TO_LAB`), the LAB mean is T m_f + t0 + <d> and
+    the variance <d^2> - <d>^2 (<.> the weighted mean over pixels). Two things keep a channel
+    without spread at (close to) zero spread in float32, where rounding would otherwise make it
+    1e-5 to 0.05 LAB: the deviations are taken per pixel in LAB, not from the 3 x 3 covariance of
+    f (a* = 500 (f_x - f_y) of a grey crop cancels there), and the correction term <d>^2 takes
+    out a first-pass mean that rounding put off by delta (every d of a constant channel is then
+    the same -T delta, which <d^2> - <d>^2 cancels).
+
+    Args:
+        f: (B, 3, N) f-values.
+        w: (B, 1, N) pixel weights (the cell mask) or None (all pixels).
+        scratch, scratch2: optional buffers like f, overwritten.
+        empty_uses_all: a crop whose weights sum to 0 uses all its pixels (True, the transfer)
+            or gets weight 0, mean and variance 0 (False, pooling).
 
     Returns:
-        W (B,) total weight, mean (B, 3, 1), covariance (B, 3, 3) (population, weighted).
-        A crop whose weights sum to 0 uses all its pixels.
+        W (B,) total weight, mean (B, 3) and population variance (B, 3) in LAB units, and
+        empty (B,) bool: the crop's weights summed to 0.
     """
     B, _, N = f.shape
-    if w is not None:
-        W = w.sum(-1)  # (B, 1)
-        empty = W[:, 0] <= 0
-        if bool(empty.any()):
-            w = torch.where(empty[:, None, None], torch.ones_like(w), w)
-            W = w.sum(-1)
-        mean = torch.bmm(f, w.transpose(1, 2)) / W[:, :, None]
-        d = torch.sub(f, mean, out=scratch)  # two-pass: no cancellation
-        dw = torch.mul(d, w, out=scratch2)
-        cov = torch.bmm(dw, d.transpose(1, 2)) / W[:, :, None]
-        return W[:, 0], mean, cov
-    mean = f.mean(-1, keepdim=True)
-    d = torch.sub(f, mean, out=scratch)
-    cov = torch.bmm(d, d.transpose(1, 2)) / N
-    return f.new_full((B,), float(N)), mean, cov
-
-
-def _lab_moments(
-    f: torch.Tensor, w: torch.Tensor | None, scratch: torch.Tensor | None = None, scratch2: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W (B,), LAB mean (B, 3) and LAB variance (B, 3) over the weighted pixels of f."""
-    W, mean_f, cov = _f_moments(f, w, scratch, scratch2)
     T = _const(_F_TO_LAB, f)
-    mean = (T @ mean_f)[..., 0] + _const(_LAB_OFFSET, f)
-    var = torch.einsum("ij,bjk,ik->bi", T, cov, T).clamp_(min=0.0)
-    return W, mean, var
+    if w is None:
+        W = f.new_full((B,), float(N))
+        empty = torch.zeros(B, dtype=torch.bool, device=f.device)
+        mean_f = f.mean(-1, keepdim=True)
+        dl = torch.matmul(T, torch.sub(f, mean_f, out=scratch), out=scratch2)
+        s1 = dl.mean(-1)
+        s2 = dl.square_().mean(-1)
+    else:
+        W = w.sum(-1)[:, 0]
+        empty = W <= 0
+        if empty_uses_all and bool(empty.any()):
+            w = torch.where(empty[:, None, None], torch.ones_like(w), w)
+            W = w.sum(-1)[:, 0]
+        den = torch.where(W > 0, W, torch.ones_like(W))[:, None]  # (B, 1); empty crops give 0
+        # The first-pass mean may be off (a float32 bmm over 512 x 512 pixels was, by 1e-4
+        # relative): <d> corrects it. The second-pass sums must not be: torch's sum adds
+        # pairwise (float32 error ~ eps log N), where a bmm left a flat channel 1e-3 LAB of spread.
+        mean_f = torch.bmm(f, w.transpose(1, 2)) / den[:, :, None]
+        dl = torch.matmul(T, torch.sub(f, mean_f, out=scratch), out=scratch2)
+        dw = torch.mul(dl, w, out=scratch)
+        s1 = dw.sum(-1) / den
+        s2 = dw.mul_(dl).sum(-1) / den
+    mean = (T @ mean_f)[..., 0] + _const(_LAB_OFFSET, f) + s1
+    var = (s2 - s1 * s1).clamp_(min=0.0)
+    if not empty_uses_all and bool(empty.any()):
+        mean = torch.where(empty[:, None], torch.zeros_like(mean), mean)
+    return W, mean, var, empty
 
 
 def _chunk(B: int, HW: int, device: torch.device) -> int:
@@ -208,13 +239,19 @@ def _chunk(B: int, HW: int, device: torch.device) -> int:
     return B if device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS * torch.get_num_threads() // max(HW, 1)))
 
 
-def _transfer(x: torch.Tensor, w: torch.Tensor | None, tgt_mean: torch.Tensor, tgt_std: torch.Tensor) -> torch.Tensor:
-    """The Reinhard map for a validated batch; targets (B, 3) of x's working dtype."""
+def _transfer(x: torch.Tensor, w: torch.Tensor | None, tgt_mean: torch.Tensor, tgt_std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Reinhard map for a validated batch; targets (B, 3) of x's working dtype.
+
+    Returns:
+        The output (B, 3, H, W) and the (B,) bool flags of crops whose mask was empty (their
+        statistics came from all pixels).
+    """
     B, _, H, Wd = x.shape
     HW = H * Wd
     x3 = x.reshape(B, 3, HW)
     w3 = None if w is None else w.reshape(B, 1, HW)
     out = torch.empty((B, 3, HW), dtype=x.dtype, device=x.device)
+    empty_all = torch.zeros(B, dtype=torch.bool, device=x.device)
     step = _chunk(B, HW, x.device)
     buf_a = torch.empty((step, 3, HW), dtype=x.dtype, device=x.device)
     buf_b = torch.empty_like(buf_a)
@@ -223,16 +260,19 @@ def _transfer(x: torch.Tensor, w: torch.Tensor | None, tgt_mean: torch.Tensor, t
         j = min(i + step, B)
         a, b = buf_a[: j - i], buf_b[: j - i]
         f = _srgb_to_f(x3[i:j].contiguous(), out=a, scratch=b)  # contiguous: a channels-last input
-        # out[i:j] is free until the last step: the weighted deviations go there
-        _, mean, var = _lab_moments(f, None if w3 is None else w3[i:j], scratch=b, scratch2=out[i:j])
-        s = tgt_std[i:j] / var.sqrt().clamp_(min=_STD_EPS)  # (n, 3)
+        # out[i:j] is free until the last step: the LAB deviations go there
+        _, mean, var, empty = _lab_moments(f, None if w3 is None else w3[i:j], scratch=b, scratch2=out[i:j])
+        empty_all[i:j] = empty
+        sd = var.sqrt_()
+        # a channel without spread maps to the target mean (scale 0), whatever rounding left in it
+        s = torch.where(sd < FLAT_STD, torch.zeros_like(sd), tgt_std[i:j] / sd.clamp(min=FLAT_STD))  # (n, 3)
         o = tgt_mean[i:j] - s * mean
         # y_lab = s * (T f + t0) + o  <=>  f' = Ti diag(s) T f + Ti (s t0 + o - t0)
         A = Ti @ (s[:, :, None] * T)
         c = (s * t0 + o - t0) @ Ti.T
         f2 = torch.baddbmm(c[:, :, None].expand(j - i, 3, HW), A, f, out=b)
         _f_to_srgb(f2, out=out[i:j]).clamp_(0.0, 1.0)
-    return out.reshape(x.shape)
+    return out.reshape(x.shape), empty_all
 
 
 def _as_target(value: Any, name: str, B: int, like: torch.Tensor, per_sample: bool) -> torch.Tensor:
@@ -255,41 +295,54 @@ def _as_target(value: Any, name: str, B: int, like: torch.Tensor, per_sample: bo
     return t
 
 
-def _run(x, mask, target_mean, target_std, per_sample) -> torch.Tensor:
+_EMPTY_MASK = "have an empty cell mask, so their statistics came from all their pixels"
+
+
+def _run(x, mask, target_mean, target_std, per_sample, owner) -> tuple[torch.Tensor, torch.Tensor]:
+    """The transfer of a validated batch and its (B,) applicable flags (False: empty mask), warned."""
     dt = _work_dtype(x)
     xw = x.to(dt)
     B = x.shape[0]
     tm = _as_target(target_mean, "target_mean", B, xw, per_sample)
     ts = _as_target(target_std, "target_std", B, xw, per_sample)
     w = None if mask is None else mask.to(dt)
-    return _transfer(xw, w, tm, ts).to(x.dtype)
+    y, empty = _transfer(xw, w, tm, ts)
+    ok = ~empty
+    warn_not_applicable(owner, ok, _EMPTY_MASK)
+    return y.to(x.dtype), ok
 
 
-def reinhard(x: torch.Tensor, target_mean, target_std, mask: torch.Tensor | None = None) -> torch.Tensor:
+def reinhard(x: torch.Tensor, target_mean, target_std, mask: torch.Tensor | None = None, *, return_applicable: bool = False):
     """Function twin of `Reinhard`: transfer each image's LAB statistics to the target's.
 
     Args:
         x: (B, 3, H, W) sRGB in [0, 1].
         target_mean, target_std: (L*, a*, b*) mean and standard deviation in LAB units, 3
             values for the whole batch or (B, 3) per image.
-        mask: optional (B, 1, H, W) cell mask; the source statistics are taken over it.
+        mask: optional (B, 1, H, W) cell mask; the source statistics are taken over it (over
+            all pixels of a crop whose mask is empty: flagged and warned).
+        return_applicable: also return the (B,) bool flags (False: empty mask).
 
     Returns:
-        (B, 3, H, W) in [0, 1], x's dtype and device.
+        (B, 3, H, W) in [0, 1], x's dtype and device; with `return_applicable`, the tuple
+        (output, applicable).
     """
     check_image(x)
     if mask is not None:
         mask = check_mask(mask, x)
     # no input clamp needed: both branches of every knee accept the tolerated overshoot
-    return _run(x, mask, target_mean, target_std, per_sample=False)
+    y, ok = _run(x, mask, target_mean, target_std, per_sample=False, owner="reinhard")
+    return (y, ok) if return_applicable else y
 
 
-def reinhard_unseen_field(x: torch.Tensor, target_mean, target_std, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Function twin of `ReinhardToField`: per-image targets ``(B, 3)`` (see `unseen_field_targets`)."""
+def reinhard_unseen_field(x: torch.Tensor, target_mean, target_std, mask: torch.Tensor | None = None, *, return_applicable: bool = False):
+    """Function twin of `ReinhardToField`: per-image targets ``(B, 3)`` (see `unseen_field_targets`);
+    `mask` and `return_applicable` as in `reinhard`."""
     check_image(x)
     if mask is not None:
         mask = check_mask(mask, x)
-    return _run(x, mask, target_mean, target_std, per_sample=True)
+    y, ok = _run(x, mask, target_mean, target_std, per_sample=True, owner="reinhard_unseen_field")
+    return (y, ok) if return_applicable else y
 
 
 # ------------------------------------------------------------------ fitting targets
@@ -300,28 +353,36 @@ def _as_float_batch(images: torch.Tensor, name: str = "images") -> torch.Tensor:
     return images.clamp(0.0, 1.0)
 
 
-def _crop_moments(images: torch.Tensor, masks: torch.Tensor | None, batch_size: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-crop LAB moments: weight W (N,), mean (N, 3) and sum of squared deviations M2 (N, 3), float64."""
+def _crop_moments(
+    images: torch.Tensor, masks: torch.Tensor | None, batch_size: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-crop LAB moments over the cell pixels, float64: weight W (N,), mean (N, 3), sum of
+    squared deviations M2 (N, 3), and empty (N,) bool. A crop whose mask is empty has no cell
+    pixel: it gets W = 0 (mean and M2 0), so pooling skips it, and empty = True."""
     n = len(images)
     if batch_size is None:
         batch_size = _chunk(n, images.shape[-2] * images.shape[-1], images.device)
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InterventionError(f"batch_size must be a positive integer; got {batch_size!r}")
-    Ws, means, m2s = [], [], []
+    if masks is not None and (not isinstance(masks, torch.Tensor) or len(masks) != n):
+        got = tuple(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
+        raise InterventionError(f"masks must be a (N, 1, H, W) tensor with one mask per image (N = {n}); got {got}")
+    Ws, means, m2s, empties = [], [], [], []
     for start in range(0, n, batch_size):
         x = _as_float_batch(images[start : start + batch_size])
         m = None if masks is None else check_mask(masks[start : start + batch_size].to(x.device), x, "masks")
         dt = _work_dtype(x)
         B, _, H, Wd = x.shape
         f = _srgb_to_f(x.to(dt).reshape(B, 3, H * Wd))
-        W, mean, var = _lab_moments(f, None if m is None else m.to(dt).reshape(B, 1, H * Wd))
+        W, mean, var, empty = _lab_moments(f, None if m is None else m.to(dt).reshape(B, 1, H * Wd), empty_uses_all=False)
         W64 = W.double().cpu().numpy()
         Ws.append(W64)
         means.append(mean.double().cpu().numpy())
         m2s.append(var.double().cpu().numpy() * W64[:, None])
+        empties.append(empty.cpu().numpy())
     if not Ws:
-        return np.zeros(0), np.zeros((0, 3)), np.zeros((0, 3))
-    return np.concatenate(Ws), np.concatenate(means), np.concatenate(m2s)
+        return np.zeros(0), np.zeros((0, 3)), np.zeros((0, 3)), np.zeros(0, dtype=bool)
+    return np.concatenate(Ws), np.concatenate(means), np.concatenate(m2s), np.concatenate(empties)
 
 
 def _pool(W: np.ndarray, mean: np.ndarray, M2: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -345,6 +406,7 @@ class Reinhard(Intervention):
     Attributes (after `fit`):
         target_mean_, target_std_: (3,) float64 pooled LAB statistics of the target crops.
         n_pixels_: the (mask-weighted) number of pixels pooled.
+        n_empty_masks_: the number of crops skipped for an empty mask.
 
     Example:
         >>> import torch
@@ -370,21 +432,32 @@ class Reinhard(Intervention):
 
         Args:
             images: (N, 3, H, W) uint8 or float in [0, 1] (for example the crops of one field).
-            masks: optional (N, 1, H, W) cell masks; without them all pixels count.
+            masks: optional (N, 1, H, W) cell masks; without them all pixels count. A crop whose
+                mask is empty has no cell pixel and adds nothing: it is skipped, counted in
+                `n_empty_masks_` and warned about.
             batch_size: crops converted at a time (default: about 128K pixels on CPU).
 
         Returns:
-            self, with `target_mean_`, `target_std_` and `n_pixels_` set.
+            self, with `target_mean_`, `target_std_`, `n_pixels_` and `n_empty_masks_` set.
+
+        Raises:
+            InterventionError: no cell pixel at all (every mask empty), or no colour spread.
         """
         if not isinstance(images, torch.Tensor) or images.ndim != 4 or len(images) == 0:
             raise InterventionError(f"fit needs a non-empty (N, 3, H, W) tensor of images; got {getattr(images, 'shape', type(images).__name__)}")
-        W, mean, M2 = _crop_moments(images, masks, batch_size)
+        W, mean, M2, empty = _crop_moments(images, masks, batch_size)
+        n_empty = int(empty.sum())
+        if n_empty == len(W):
+            raise InterventionError(f"reinhard.fit: all {n_empty} crop(s) have an empty cell mask, so there is no cell pixel to take the target statistics from")
+        if n_empty:
+            warnings.warn(f"reinhard.fit: {n_empty} of {len(W)} crop(s) have an empty cell mask and were skipped (n_empty_masks_)", InterventionWarning, stacklevel=2)
         Wg, mu, sd = _pool(W, mean, M2, np.zeros(len(W), dtype=np.int64), 1)
         if not (sd[0] > 0).all():
             raise InterventionError(f"the target crops have no colour spread in some LAB channel (std {sd[0].tolist()}); fit on more varied crops")
         self.target_mean_ = mu[0]
         self.target_std_ = sd[0]
         self.n_pixels_ = float(Wg[0])
+        self.n_empty_masks_ = n_empty
         return self
 
     def _targets(self):
@@ -398,7 +471,8 @@ class Reinhard(Intervention):
         if context:
             raise InterventionError(f"reinhard takes no per-crop context (got {sorted(context)}); per-crop targets are for 'reinhard_unseen_field'")
         tm, ts = self._targets()
-        return _run(x, mask, tm, ts, per_sample=False)
+        y, self.last_applicable = _run(x, mask, tm, ts, per_sample=False, owner=self.name)
+        return y
 
     def extra_repr(self) -> str:
         if hasattr(self, "target_mean_"):
@@ -429,7 +503,8 @@ class ReinhardToField(Intervention):
                 "reinhard_unseen_field needs per-crop targets: call it as f(x, mask, target_mean=(B, 3), target_std=(B, 3)); "
                 "build them with unseen_field_targets, field_lab_statistics and field_target_tensors"
             )
-        return _run(x, mask, target_mean, target_std, per_sample=True)
+        y, self.last_applicable = _run(x, mask, target_mean, target_std, per_sample=True, owner=self.name)
+        return y
 
 
 # ------------------------------------------------------------------ F2: fields and targets
@@ -444,7 +519,9 @@ def field_lab_statistics(crops, parents: Iterable[str] | None = None, batch_size
 
     Returns:
         A DataFrame indexed by parent name with columns L_mean, a_mean, b_mean, L_std, a_std,
-        b_std (LAB units), n_crops and n_pixels (mask-weighted pixel count).
+        b_std (LAB units), n_crops, n_empty_masks (crops skipped because their mask is empty:
+        they have no cell pixel) and n_pixels (mask-weighted cell pixel count). A field whose
+        every mask is empty has n_pixels 0 and NaN statistics; skipped crops are warned about.
 
     Raises:
         InterventionError: a requested parent is not in the table.
@@ -465,14 +542,23 @@ def field_lab_statistics(crops, parents: Iterable[str] | None = None, batch_size
     idx = torch.from_numpy(rows)
     images = crops.images[idx].to(device)
     masks = None if crops.masks is None else crops.masks[idx].to(device)
-    W, mean, M2 = _crop_moments(images, masks, batch_size)
+    W, mean, M2, empty = _crop_moments(images, masks, batch_size)
     local = np.searchsorted(want, codes[rows])
     Wg, mu, sd = _pool(W, mean, M2, local, len(want))
     out = pd.DataFrame(
         np.c_[mu, sd], index=pd.Index(names[want].astype(str), name="parent"), columns=[f"{c}_mean" for c in LAB_CHANNELS] + [f"{c}_std" for c in LAB_CHANNELS]
     )
     out["n_crops"] = np.bincount(local, minlength=len(want))
+    out["n_empty_masks"] = np.bincount(local, weights=empty.astype(np.int64), minlength=len(want)).astype(np.int64)
     out["n_pixels"] = Wg
+    if empty.any():
+        bare = out.index[Wg <= 0].tolist()
+        none = f"; field(s) {bare[:5]} have no cell pixel at all (NaN statistics)" if bare else ""
+        warnings.warn(
+            f"field_lab_statistics: {int(empty.sum())} of {len(empty)} crop(s) have an empty cell mask and were skipped (column n_empty_masks){none}",
+            InterventionWarning,
+            stacklevel=2,
+        )
     return out
 
 
@@ -496,6 +582,10 @@ def field_target_tensors(
         raise InterventionError(f"no LAB statistics for target field(s) {bad}; compute them with field_lab_statistics(crops, parents=...)")
     mean = stats[[f"{c}_mean" for c in LAB_CHANNELS]].to_numpy(np.float64)[pos]
     std = stats[[f"{c}_std" for c in LAB_CHANNELS]].to_numpy(np.float64)[pos]
+    bad_rows = ~(np.isfinite(mean).all(1) & np.isfinite(std).all(1))
+    if bad_rows.any():
+        bad = sorted({k for k, b in zip(keys, bad_rows) if b})[:5]
+        raise InterventionError(f"target field(s) {bad} have no LAB statistics (NaN: every crop's cell mask is empty, no cell pixel); choose fields with cell pixels")
     return torch.as_tensor(mean, dtype=dtype, device=device), torch.as_tensor(std, dtype=dtype, device=device)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from interventions import (
     BackgroundRemoval,
     BackgroundTransplant,
     InterventionError,
+    InterventionWarning,
     background_noise,
     background_removal,
     background_transplant,
@@ -217,6 +220,43 @@ def test_transplant_errors_are_for_people():
         BackgroundTransplant(sigma=0)
     with pytest.raises(InterventionError, match="needs a cell mask"):
         t(x, None)
+
+
+# -- empty masks ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["background_removal", "background_noise", "background_transplant"])
+def test_an_empty_mask_replaces_the_whole_crop_flagged_and_warned(name):
+    """A crop whose mask is empty has no cell to keep: all of it is replaced (no trace of its own
+    background may survive a background intervention), and it is flagged and warned about."""
+    x, mask = _crops()
+    mask[1] = 0.0
+    t = interventions.get(name)
+    g = torch.Generator().manual_seed(0)
+    with pytest.warns(InterventionWarning, match=rf"{name}: 1 of 3 crop\(s\) have an empty cell mask"):
+        y = t(x, mask, generator=g) if t.stochastic else t(x, mask)
+    assert t.last_applicable.tolist() == [True, False, True]
+    if name == "background_removal":
+        assert torch.equal(y[1], torch.full_like(y[1], 0.5))
+    elif name == "background_noise":
+        # noise of the whole crop's own mean and std, per channel
+        z = t.last_params["noise"][1]
+        xn = x[1].flatten(1)
+        ref = (xn.mean(1)[:, None, None] + xn.std(1, unbiased=False)[:, None, None] * z).clamp(0, 1)
+        torch.testing.assert_close(y[1], ref, rtol=0, atol=1e-12)
+    else:
+        donor = int(t.last_params["donor"][1])
+        assert not torch.isclose(y[1], x[1]).all(0).any(), "a pixel of the crop itself survived"
+        bg = mask[donor, 0] == 0  # where the donor shows background, crop 1 now shows it as is
+        torch.testing.assert_close(y[1][:, bg], x[donor][:, bg], rtol=0, atol=0)
+    # the function twins return the flags too
+    twin = getattr(interventions, name)
+    with pytest.warns(InterventionWarning, match="1 of 3"):
+        _, ok = twin(x, mask, generator=torch.Generator().manual_seed(0), return_applicable=True) if t.stochastic else twin(x, mask, return_applicable=True)
+    assert ok.tolist() == [True, False, True]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # masks with a cell: no warning, every crop applicable
+        _, mask_ok = _crops()
+        t(x, mask_ok, generator=torch.Generator().manual_seed(0)) if t.stochastic else t(x, mask_ok)
+        assert t.last_applicable.all()
 
 
 def test_registered_names():

@@ -7,6 +7,8 @@ intervention that is not added here fails `test_every_intervention_is_covered`.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -85,6 +87,30 @@ def test_shape_dtype_device_range(name, dtype, device):
     assert not y.requires_grad or x.requires_grad
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize(
+    "name, with_mask",
+    [(n, m) for n in NAMES for m in (True, False) if m or not interventions.get_class(n).requires_mask],
+    ids=lambda v: {True: "mask", False: "no_mask"}.get(v, v) if isinstance(v, bool) else v,
+)
+def test_an_empty_batch_gives_an_empty_batch(name, with_mask, dtype):
+    """B = 0 (the last, empty chunk of a batched pipeline) is valid input: every intervention
+    returns an empty (0, 3, H, W) batch of the same dtype, silently, with empty draws and flags."""
+    x, mask = _batch(dtype)
+    x, mask = x[:0], mask[:0]
+    t = _make(name)
+    g = torch.Generator().manual_seed(0) if t.stochastic else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = _call(t, x, mask if with_mask else None, generator=g)
+    assert y.shape == (0, 3, H, W) and y.dtype == dtype and y.device == x.device
+    if t.stochastic:
+        assert all(v.shape[0] == 0 for v in t.last_params.values() if isinstance(v, torch.Tensor))
+        torch.testing.assert_close(_call(t, x, mask if with_mask else None, params=t.last_params), y)
+    if t.last_applicable is not None:
+        assert t.last_applicable.shape == (0,) and t.last_applicable.dtype == torch.bool
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_function_twin_is_exported(name):
     cls = interventions.get_class(name)
@@ -143,8 +169,9 @@ def test_mask_handling(name):
         (lambda x: x[:, :2], r"\(B, 3, H, W\)"),
         (lambda x: x * 2.0, r"\[0, 1\]"),
         (lambda x: x.clone().fill_(float("nan")), r"\[0, 1\]"),
+        (lambda x: x[:, :, :0], r"at least 1 x 1 pixel"),
     ],
-    ids=["uint8", "rank3", "two_channels", "above_one", "nan"],
+    ids=["uint8", "rank3", "two_channels", "above_one", "nan", "zero_height"],
 )
 def test_bad_input_is_rejected(name, bad, message):
     x, mask = _batch()

@@ -8,7 +8,7 @@ import torch
 from scipy.ndimage import gaussian_filter
 
 import interventions
-from interventions import IlluminationFlattening, InterventionError, illumination_flattening
+from interventions import IlluminationFlattening, InterventionError, InterventionWarning, illumination_flattening
 from interventions.background import LOCAL_PRIOR_WEIGHT
 
 N = 64
@@ -127,13 +127,19 @@ def test_plane_fallback_with_five_percent_background():
     assert (illumination_flattening(x, mask, min_background=0.0) - y).abs().max() > 1e-3
 
 
-def test_a_crop_without_background_comes_back_unchanged():
+def test_a_crop_without_background_comes_back_unchanged_flagged():
     flat, mask = _scene()
     x = torch.cat([flat, flat]) * _shading("ramp")
     masks = torch.cat([torch.ones_like(mask), mask])
-    y = IlluminationFlattening()(x, masks)
+    t = IlluminationFlattening()
+    with pytest.warns(InterventionWarning, match="illumination_flattening: 1 of 2 crop.*no background pixel"):
+        y = t(x, masks)
     assert torch.equal(y[0], x[0])
     assert not torch.allclose(y[1], x[1], atol=1e-3)
+    assert t.last_applicable.tolist() == [False, True]
+    with pytest.warns(InterventionWarning, match="1 of 2"):
+        _, ok = illumination_flattening(x, masks, return_applicable=True)
+    assert ok.tolist() == [False, True]
 
 
 def test_without_a_mask_a_pure_gradient_is_flattened():

@@ -1,7 +1,15 @@
-"""Reinhard transfer (F2) against kornia and scikit-image, and the unseen-field target policy."""
+"""Reinhard transfer (F2) against kornia and scikit-image, and the unseen-field target policy.
+
+scikit-image (the dev extra) is the reference and the source of the test tiles; the tests that
+need it skip one by one without it, the others (the policy, flat channels checked against
+kornia) still run.
+"""
 
 from __future__ import annotations
 
+import warnings
+
+import kornia.color as kcolor
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,6 +18,7 @@ import torch
 import interventions
 from interventions import (
     InterventionError,
+    InterventionWarning,
     Reinhard,
     ReinhardToField,
     field_lab_statistics,
@@ -18,21 +27,19 @@ from interventions import (
     reinhard_unseen_field,
     unseen_field_targets,
 )
-from interventions.reinhard import lab_to_rgb, rgb_to_lab
+from interventions.reinhard import FLAT_STD, lab_to_rgb, rgb_to_lab
 from shortcutlab.data import CropImages
 from shortcutlab.manifest import SplitManifest
 from shortcutlab.random_tables import random_table
 from shortcutlab.splits import FACTORIAL_CELLS, factorial_split, parent_split
 from shortcutlab.table import CropTable
 
-skcolor = pytest.importorskip("skimage.color")
-skdata = pytest.importorskip("skimage.data")
-kcolor = pytest.importorskip("kornia.color")
 
 
 @pytest.fixture(scope="module")
 def tiles() -> torch.Tensor:
     """Eight 32 x 32 tiles of scikit-image's IHC image, float64 (B, 3, H, W) in [0, 1]."""
+    skdata = pytest.importorskip("skimage.data")
     ihc = skdata.immunohistochemistry()[::4, ::4]  # 128 x 128
     t = np.stack([ihc[i : i + 32, j : j + 32] for i in range(0, 128, 64) for j in range(0, 128, 32)])
     return torch.from_numpy(t).permute(0, 3, 1, 2).double().div(255.0).contiguous()
@@ -49,7 +56,8 @@ def _disc_masks(B, H, W, seed=0) -> torch.Tensor:
 
 
 def _sk_lab(x: torch.Tensor) -> np.ndarray:
-    """(B, H, W, 3) LAB of a (B, 3, H, W) batch, with scikit-image."""
+    """(B, H, W, 3) LAB of a (B, 3, H, W) batch, with scikit-image (skips the test without it)."""
+    skcolor = pytest.importorskip("skimage.color")
     return skcolor.rgb2lab(x.permute(0, 2, 3, 1).double().numpy())
 
 
@@ -111,11 +119,71 @@ def test_masked_lab_statistics_hit_the_target(tiles):
     assert not torch.allclose(y[~mask.expand_as(y)], tiles[~mask.expand_as(tiles)])
 
 
-def test_no_mask_uses_all_pixels_and_an_empty_mask_falls_back(tiles):
+def test_no_mask_uses_all_pixels_and_an_empty_mask_falls_back_flagged(tiles):
     tm, ts = (60.0, 5.0, 0.0), (12.0, 6.0, 6.0)
     full = reinhard(tiles, tm, ts)
     torch.testing.assert_close(reinhard(tiles, tm, ts, mask=torch.ones(len(tiles), 1, 32, 32)), full)
-    torch.testing.assert_close(reinhard(tiles, tm, ts, mask=torch.zeros(len(tiles), 1, 32, 32)), full)
+    # an empty mask: that crop's statistics come from all its pixels, and it is flagged and warned
+    mask = _disc_masks(len(tiles), 32, 32)
+    mask[[1, 4]] = False
+    t = Reinhard(tm, ts)
+    with pytest.warns(InterventionWarning, match="reinhard: 2 of 8 crop"):
+        y = t(tiles, mask)
+    assert t.last_applicable.tolist() == [True, False, True, True, False, True, True, True]
+    torch.testing.assert_close(y[[1, 4]], full[[1, 4]])
+    with pytest.warns(InterventionWarning, match="2 of 8"):
+        _, ok = reinhard(tiles, tm, ts, mask=mask, return_applicable=True)
+    assert torch.equal(ok, t.last_applicable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a full mask and no mask warn of nothing
+        t(tiles, _disc_masks(len(tiles), 32, 32))
+        assert t.last_applicable.all()
+        t(tiles)
+        assert t.last_applicable.all()
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all_pixels", "masked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_flat_channels_map_to_the_target_mean(dtype, masked):
+    """A white crop, a constant colour and a neutral grey ramp (checked with kornia's LAB in
+    float64): every channel without spread goes to the target mean. Before, float32 rounding
+    gave a constant channel a spread of about 1e-5 LAB that was then scaled by 1e5 (white came
+    out black), and the ramp's a*, b* (spread 1e-3 from the rounded sRGB constants) were
+    stretched to the target's spread in float64 too: grey came out coloured."""
+    H = W = 48
+    ramp = torch.linspace(0.05, 0.95, W, dtype=torch.float64).view(1, 1, W).expand(3, H, W)
+    colour = torch.tensor([0.8, 0.55, 0.7], dtype=torch.float64).view(3, 1, 1).expand(3, H, W)
+    x = torch.stack([torch.ones(3, H, W, dtype=torch.float64), colour, ramp]).to(dtype)
+    mask = None
+    if masked:
+        yy, xx = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
+        mask = (((yy - 20) ** 2 + (xx - 26) ** 2) < 15**2).expand(3, 1, H, W)
+    tm, ts = torch.tensor([60.0, 5.0, -3.0], dtype=torch.float64), torch.tensor([12.0, 6.0, 6.0], dtype=torch.float64)
+    y = reinhard(x, tm, ts, mask=mask)
+    lab = kcolor.rgb_to_lab(y.double())
+    target = tm.view(3, 1, 1).expand(3, H, W)
+    for b in (0, 1):  # constant crops: every pixel at the target mean
+        torch.testing.assert_close(lab[b], target, rtol=0, atol=0.02)
+    # the ramp: a* and b* flat at the target means, L* moved to the target's mean and spread
+    torch.testing.assert_close(lab[2, 1:], target[1:], rtol=0, atol=0.02)
+    L = lab[2, 0] if mask is None else lab[2, 0][mask[2, 0]]
+    assert float(L.mean()) == pytest.approx(60.0, abs=0.02)
+    assert float(L.std(unbiased=False)) == pytest.approx(12.0, abs=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_a_faint_real_spread_is_still_transferred(dtype):
+    """The flat threshold swallows rounding, not colour: a grey crop with a faint red pattern
+    (a* spread about 0.1 LAB, ten times FLAT_STD) gets the target's a* spread."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.full((1, 3, 40, 40), 0.6, dtype=torch.float64)
+    x[:, 0] += 0.0012 * torch.randn(1, 40, 40, generator=g, dtype=torch.float64)
+    sd_a = float(kcolor.rgb_to_lab(x)[0, 1].std(unbiased=False))
+    assert 5 * FLAT_STD < sd_a < 20 * FLAT_STD
+    y = reinhard(x.to(dtype), (55.0, 4.0, 2.0), (10.0, 6.0, 5.0))
+    a = kcolor.rgb_to_lab(y.double())[0, 1]
+    assert float(a.mean()) == pytest.approx(4.0, abs=0.05)
+    assert float(a.std(unbiased=False)) == pytest.approx(6.0, rel=0.02)
 
 
 def test_module_twin_and_per_sample_targets_agree(tiles):
@@ -144,6 +212,22 @@ def test_fit_pools_every_cell_pixel(tiles):
     assert np.abs(per_crop.mean(0) - t.target_mean_).max() > 1e-3
     y = t(tiles.float())
     assert y.shape == tiles.shape and y.dtype == torch.float32
+
+
+def test_fit_skips_and_counts_crops_with_an_empty_mask(tiles):
+    """Crops whose mask is empty have no cell pixel: fit pools the others' cell pixels only
+    (scikit-image's LAB of exactly those pixels), counts the skipped crops and warns."""
+    mask = _disc_masks(len(tiles), 32, 32, seed=5)
+    mask[[2, 5]] = False
+    images = (tiles * 255).round().to(torch.uint8)
+    with pytest.warns(InterventionWarning, match="2 of 8 crop"):
+        t = Reinhard().fit(images, mask)
+    lab = _sk_lab(images.double() / 255)[mask[:, 0].numpy()]
+    np.testing.assert_allclose(t.target_mean_, lab.mean(0), atol=1e-3)
+    np.testing.assert_allclose(t.target_std_, lab.std(0), atol=1e-3)
+    assert t.n_empty_masks_ == 2 and t.n_pixels_ == int(mask.sum())
+    with pytest.raises(InterventionError, match="all 2 crop"):
+        Reinhard().fit(images[:2], torch.zeros(2, 1, 32, 32))
 
 
 def test_reinhard_errors(tiles):
@@ -253,3 +337,26 @@ def test_field_statistics_and_target_tensors(tiles):
     # the pieces fit together: transfer two crops to their targets
     y = interventions.get("reinhard_unseen_field")(tiles[:3].float(), masks[:3], target_mean=tm, target_std=ts)
     assert y.shape == (3, 3, 32, 32)
+
+
+def test_field_statistics_pool_cell_pixels_only(tiles):
+    """p0's second crop has an empty mask (skipped, counted); every mask of p2 is empty (no
+    statistics, refused as a target). Checked against scikit-image's LAB of the cell pixels."""
+    df = pd.DataFrame({"id": [f"c{i}" for i in range(6)], "label": ["a"] * 6, "parent": ["p0", "p0", "p1", "p1", "p2", "p2"]})
+    images = (tiles[:6] * 255).round().to(torch.uint8)
+    masks = _disc_masks(6, 32, 32, seed=6)
+    masks[[1, 4, 5]] = False
+    crops = CropImages(images, masks, _table(df))
+    with pytest.warns(InterventionWarning, match=r"3 of 6 crop.*\['p2'\]"):
+        stats = field_lab_statistics(crops)
+    lab = _sk_lab(images.double() / 255)
+    m = masks[:, 0].numpy()
+    for parent, rows in (("p0", [0]), ("p1", [2, 3])):
+        pix = np.concatenate([lab[r][m[r]] for r in rows])
+        np.testing.assert_allclose(stats.loc[parent, ["L_mean", "a_mean", "b_mean"]].to_numpy(float), pix.mean(0), atol=1e-3)
+        np.testing.assert_allclose(stats.loc[parent, ["L_std", "a_std", "b_std"]].to_numpy(float), pix.std(0), atol=1e-3)
+        assert stats.loc[parent, "n_pixels"] == len(pix)
+    assert stats["n_crops"].tolist() == [2, 2, 2] and stats["n_empty_masks"].tolist() == [1, 0, 2]
+    assert stats.loc["p2", "n_pixels"] == 0 and stats.loc["p2", ["L_mean", "L_std"]].isna().all()
+    with pytest.raises(InterventionError, match=r"\['p2'\].*empty"):
+        field_target_tensors(stats, ["p1", "p2"])
