@@ -221,9 +221,15 @@ def _mask_background(x: torch.Tensor, mask: torch.Tensor | None, fill: float) ->
     # F3 is the background_removal intervention with a constant fill, in training and scoring.
     from interventions import background_removal
 
+    from interventions.base import InterventionWarning
+
     if mask is None:
         raise ShortcutlabError("mask_background needs cell masks: give the manifest a mask column (--mask COL)")
-    return background_removal(x, mask, fill="constant", value=fill)
+    # Empty masks are counted and warned about once per run (run.json's empty_masks), not once
+    # per batch.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterventionWarning)
+        return background_removal(x, mask, fill="constant", value=fill)
 
 
 def _versions() -> dict:
@@ -358,10 +364,15 @@ def _count_empty_masks(crops: CropImages, side: np.ndarray, config: TrainConfig,
 
 
 def _augment(augmentation, x: torch.Tensor, m: torch.Tensor | None, gen: torch.Generator) -> torch.Tensor:
+    from interventions.base import InterventionWarning
+
     # Random interventions draw from the run's generator so that a seed fixes the whole run.
-    if getattr(augmentation, "stochastic", False):
-        return augmentation(x, mask=m, generator=gen)
-    return augmentation(x, mask=m)
+    # Empty masks are counted once per run (run.json), so the per-batch warnings are muted.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterventionWarning)
+        if getattr(augmentation, "stochastic", False):
+            return augmentation(x, mask=m, generator=gen)
+        return augmentation(x, mask=m)
 
 
 class _Moments:
