@@ -12,14 +12,20 @@ from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticE
 from .features import extract_features, weights_hash
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
 
+# Built-in diagnostics register themselves on import.
+from .interventions_accuracy import InterventionAccuracy
+from .diagnose import diagnose, write_diagnostics
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "NEEDS",
     "ROW_COLUMNS",
     "Diagnostic",
+    "InterventionAccuracy",
     "DiagnosticContext",
     "DiagnosticError",
     "available",
+    "diagnose",
     "extract_features",
     "get",
     "get_class",
@@ -28,4 +34,5 @@ __all__ = [
     "row",
     "unregister",
     "weights_hash",
+    "write_diagnostics",
 ]

@@ -90,7 +90,10 @@ class DiagnosticContext:
         seed: seeds every random choice of the diagnostics (folds, initialisations).
         cache_dir: folder of the on-disk feature cache (None: memory only).
         progress: show progress bars.
-        targets: per-crop context of label-conditioned interventions, by intervention name.
+        targets: per-crop context of label-conditioned interventions, by intervention name:
+            ``{name: {kwarg: tensor with one row per table row}}``.
+        preprocess: ``fn(x, mask) -> x`` applied to every batch before anything else, as the
+            run scored its crops (e.g. masked backgrounds for a run trained with them).
     """
 
     adapter: Any
@@ -103,6 +106,7 @@ class DiagnosticContext:
     cache_dir: str | None = None
     progress: bool = False
     targets: dict = field(default_factory=dict)
+    preprocess: Any = None
     _features: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +146,24 @@ class DiagnosticContext:
     def has_masks(self) -> bool:
         return self.crops.masks is not None
 
+    @property
+    def device(self):
+        return self.adapter.device
+
+    def batch(self, index) -> tuple[Any, Any]:
+        """Crops `index` as a float (B, 3, H, W) batch in [0, 1] on the model's device, with
+        their (B, 1, H, W) masks (None without masks), preprocessed as the run scored them."""
+        import torch
+
+        idx = torch.as_tensor(np.asarray(index), dtype=torch.long)
+        x, m = self.crops.float_batch(idx, device=self.device)
+        x = x.to(self.adapter.dtype)
+        if m is not None:
+            m = m.to(x.dtype)
+        if self.preprocess is not None:
+            x = self.preprocess(x, m)
+        return x, m
+
     # -- frozen features ---------------------------------------------------------------
     def features(self, transform=None, key: str | None = None) -> np.ndarray:
         """(N, D) float32 frozen pooled features of every crop of the table (cached).
@@ -157,9 +179,13 @@ class DiagnosticContext:
             raise DiagnosticError("features(transform=...) needs key= naming the transform, so its features can be cached")
         name = key or ""
         if name not in self._features:
+            pre, fn = self.preprocess, transform
+            if pre is not None:
+                fn = (lambda x, m: transform(pre(x, m), m)) if transform is not None else pre
+                key = f"{getattr(pre, 'key', 'preprocess')}+{key or ''}"
             self._features[name] = extract_features(
                 self.adapter, self.crops, batch_size=self.batch_size, cache_dir=self.cache_dir,
-                progress=self.progress, transform=transform, transform_key=key,
+                progress=self.progress, transform=fn, transform_key=key,
             )
         return self._features[name]
 
