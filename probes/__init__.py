@@ -14,7 +14,7 @@ from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_p
 
 # Built-in diagnostics register themselves on import.
 from .interventions_accuracy import InterventionAccuracy
-from .diagnose import diagnose, write_diagnostics
+from .diagnose import diagnose, unseen_field_targets_for, write_diagnostics
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -33,6 +33,7 @@ __all__ = [
     "register",
     "row",
     "unregister",
+    "unseen_field_targets_for",
     "weights_hash",
     "write_diagnostics",
 ]

@@ -147,3 +147,31 @@ def write_diagnostics(out_dir: str, frame: pd.DataFrame, meta: dict[str, Any]) -
         with open(stage.path(json_path), "w", encoding="utf-8") as f:
             f.write(to_json({**meta, "rows": records}))
     return {"csv": csv_path, "json": json_path}
+
+
+def unseen_field_targets_for(crops, split, cells=None, seed: int = 0) -> dict[str, dict]:
+    """Per-crop targets of the F2 transfer (``reinhard_unseen_field``) for `diagnose(targets=...)`.
+
+    Every test crop gets the LAB statistics of a field of its own class that no compared cell
+    trained on (`interventions.unseen_field_targets`); other crops get their own statistics
+    (they are never scored). For a factorial made with ``reserve_parent_share`` every test crop
+    has such a field.
+
+    Returns:
+        ``{"reinhard_unseen_field": {"target_mean": (N, 3), "target_std": (N, 3)}}`` aligned
+        with the table's rows.
+    """
+    import torch
+
+    from interventions import field_lab_statistics, field_target_tensors, unseen_field_targets
+    from shortcutlab.manifest import SplitManifest
+
+    if isinstance(split, (str, os.PathLike)):
+        split = SplitManifest.read(split)
+    table = crops.table
+    chosen = unseen_field_targets(table, split, cells=cells, seed=seed)
+    target = pd.Series(np.asarray(table.parents, dtype=object)[table.parent_codes], index=table.ids)
+    target.loc[chosen["id"].astype(str).to_numpy()] = chosen["target_parent"].astype(str).to_numpy()
+    stats = field_lab_statistics(crops, parents=sorted(set(target.to_numpy())))
+    mean, std = field_target_tensors(stats, target.to_numpy(), dtype=torch.float32)
+    return {"reinhard_unseen_field": {"target_mean": mean, "target_std": std}}

@@ -114,3 +114,37 @@ def test_a_failing_diagnostic_is_named(run):
         probes.diagnose(r.adapter, crops, sm, only=[Boom()])
     with pytest.raises(DiagnosticError, match="unknown diagnostic 'parent_prob"):
         probes.diagnose(r.adapter, crops, sm, only=["parent_prob"])
+
+
+def test_unseen_field_targets_drive_the_f2_transfer():
+    """F2 targets: each test crop gets a field of its class that no cell trained on, and the
+    transferred crops' cell pixels take that field's LAB statistics (checked with skimage)."""
+    from skimage.color import rgb2lab
+
+    from shortcutlab.splits import factorial_split
+    from shortcutlab.synth import SynthConfig, synthesize
+    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.audit import side_codes
+    import interventions
+
+    crops = _crops_from_synth(synthesize(SynthConfig(fields_per_class=10, crop_size=32, field_size=128, seed=1)))
+    split = factorial_split(crops.table, seed=0, reserve_parent_share=0.2)
+    targets = probes.unseen_field_targets_for(crops, split, seed=0)["reinhard_unseen_field"]
+    table = crops.table
+    test = np.flatnonzero(side_codes(table, split.cell("leak-low")) == 2)
+    trained = set()
+    for cell in split.cells:
+        trained |= set(table.parent_codes[side_codes(table, split.cell(cell)) == 0])
+    i = int(test[0])
+    # the field whose statistics were given: match the target against every field's pooled stats
+    stats = interventions.field_lab_statistics(crops)
+    d = np.abs(stats[["L_mean", "a_mean", "b_mean"]].to_numpy() - targets["target_mean"][i].numpy()).sum(1)
+    field = stats.index[int(np.argmin(d))]
+    code = list(table.parents).index(field)
+    assert d.min() < 1e-3 and code not in trained and code != table.parent_codes[i]
+    assert table.label_codes[table.parent_codes == code][0] == table.label_codes[i]
+    x, m = crops.float_batch(torch.tensor([i]))
+    y = interventions.get("reinhard_unseen_field")(x.double(), m.double(), target_mean=targets["target_mean"][[i]].double(),
+                                                   target_std=targets["target_std"][[i]].double())
+    lab = rgb2lab(y[0].permute(1, 2, 0).numpy())[m[0, 0].numpy() > 0.5]
+    np.testing.assert_allclose(lab.mean(0), targets["target_mean"][i].numpy(), atol=0.5)
