@@ -1,8 +1,39 @@
-"""shortcutlab's `probes` package.
+"""shortcutlab's `probes` package: diagnostics of what a trained model's features carry.
 
-Probes, erasure, adversaries and saliency diagnostics over a wrapped model's features. They
-arrive with the probes issue; the package is installed now so that the distribution's layout
-is fixed.
+Every diagnostic follows one contract (`probes.base`): settings in ``__init__``, ``run(ctx)``
+on a `DiagnosticContext` (one wrapped model, its crops and split), tidy rows out. Look them up
+by name (`available`, `get`) as for interventions; plug-ins join through the entry-point group
+``shortcutlab.diagnostics``.
+
+Frozen features come from `extract_features` (batched, cached on disk by weights and crops).
 """
 
-__all__: list[str] = []
+from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, row
+from .features import extract_features, weights_hash
+from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
+
+# Built-in diagnostics register themselves on import.
+from .interventions_accuracy import InterventionAccuracy
+from .diagnose import diagnose, unseen_field_targets_for, write_diagnostics
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "NEEDS",
+    "ROW_COLUMNS",
+    "Diagnostic",
+    "InterventionAccuracy",
+    "DiagnosticContext",
+    "DiagnosticError",
+    "available",
+    "diagnose",
+    "extract_features",
+    "get",
+    "get_class",
+    "load_entry_points",
+    "register",
+    "row",
+    "unregister",
+    "unseen_field_targets_for",
+    "weights_hash",
+    "write_diagnostics",
+]

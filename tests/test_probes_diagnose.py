@@ -1,0 +1,150 @@
+"""`diagnose` and run folders, checked against what the training recipe wrote independently."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import binomtest
+
+import probes
+from probes import DiagnosticError
+from shortcutlab import parent_split
+from shortcutlab.recipe import TrainConfig, load_manifest_table, train
+from shortcutlab.runs import RunError, load_run, load_run_data, read_record
+
+from test_recipe import _manifest
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("diag")
+    man = _manifest(tmp, n_parents=9, per_parent=4)
+    split = parent_split(load_manifest_table(man), 0.34, seed=0)
+    split.to_csv(tmp / "split.csv")
+    train(man, str(tmp / "split.csv"), str(tmp / "run"), TrainConfig(arch="test_resnet", epochs=1, batch_size=16), progress=False)
+    return tmp, man, str(tmp / "split.csv")
+
+
+def test_load_run_rebuilds_the_trained_model(run):
+    tmp, man, split = run
+    r = load_run(tmp / "run")
+    crops, sm, side = load_run_data(r, man, split)
+    logits = pd.read_csv(tmp / "run" / "logits.csv").set_index("id")
+    idx = np.flatnonzero(side >= 0)
+    x, _ = crops.float_batch(torch.from_numpy(idx))
+    with torch.no_grad():
+        ours = r.adapter.logits(x).numpy()
+    theirs = logits.loc[crops.table.ids[idx], [f"logit_{c}" for c in r.record["classes"]]].to_numpy()
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+def test_interventions_none_row_is_the_runs_own_test_accuracy(run):
+    tmp, man, split = run
+    r = load_run(tmp / "run")
+    crops, sm, side = load_run_data(r, man, split)
+    rows = probes.diagnose(r.adapter, crops, sm, only=["interventions"], params={"interventions": {"names": ["greyscale"]}}, run_id="r")
+    none = rows[(rows.setting == "intervention=none") & (rows.metric == "accuracy")].iloc[0]
+    logits = pd.read_csv(tmp / "run" / "logits.csv")
+    test = logits[logits.split == "test"]
+    k, n = int((test.label == test.pred).sum()), len(test)
+    assert none.n == n and none.value == pytest.approx(k / n)
+    ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
+    assert (none.ci_low, none.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    grey = rows[(rows.setting == "intervention=greyscale") & (rows.metric == "accuracy_change")].iloc[0]
+    grey_acc = rows[(rows.setting == "intervention=greyscale") & (rows.metric == "accuracy")].iloc[0].value
+    assert grey.value == pytest.approx(grey_acc - k / n)
+    assert set(rows.split_sha256) == {sm.hash} and set(rows.run_id) == {"r"}
+
+
+def test_write_diagnostics_is_all_or_nothing(run, tmp_path, monkeypatch):
+    frame = pd.DataFrame([probes.row(None, "d", "m", 0.5, n=2), probes.row(None, "d", "m2", float("nan"), n=0)])
+    paths = probes.write_diagnostics(str(tmp_path), frame, {"run": "x"})
+    back = json.loads(open(paths["json"]).read())
+    assert back["run"] == "x" and back["rows"][1]["value"] is None and len(pd.read_csv(paths["csv"])) == 2
+    before = open(paths["csv"]).read()
+    real = pd.DataFrame.to_csv
+
+    def broken(self, path, **kw):
+        real(self, path, **kw)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", broken)
+    with pytest.raises(OSError):
+        probes.write_diagnostics(str(tmp_path), frame.iloc[:1], {"run": "y"})
+    assert open(paths["csv"]).read() == before and json.loads(open(paths["json"]).read())["run"] == "x"
+    assert sorted(os.listdir(tmp_path)) == ["diagnostics.csv", "diagnostics.json"]
+
+
+def test_run_folder_errors_name_the_cause(run, tmp_path):
+    tmp, man, split = run
+    with pytest.raises(RunError, match="has no run.json"):
+        read_record(tmp_path)
+    (tmp_path / "run.json").write_text("{not json")
+    with pytest.raises(RunError, match="not valid JSON"):
+        read_record(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"config": {"arch": "test_resnet"}, "classes": ["a", "b"]}))
+    with pytest.raises(RunError, match="no model weights"):
+        load_run(tmp_path)
+    r = load_run(tmp / "run")
+    with pytest.raises(RunError, match="does not record its crop manifest"):
+        load_run_data(r)
+    other = parent_split(load_manifest_table(man), 0.5, seed=3)
+    other.to_csv(tmp_path / "other.csv")
+    with pytest.raises(RunError, match="was trained on"):
+        load_run_data(r, man, str(tmp_path / "other.csv"))
+
+
+def test_a_failing_diagnostic_is_named(run):
+    tmp, man, split = run
+    r = load_run(tmp / "run")
+    crops, sm, side = load_run_data(r, man, split)
+
+    class Boom(probes.Diagnostic):
+        name = "boom"
+
+        def run(self, ctx):
+            raise ZeroDivisionError("planted")
+
+    with pytest.raises(DiagnosticError, match="diagnostic 'boom' failed: ZeroDivisionError: planted"):
+        probes.diagnose(r.adapter, crops, sm, only=[Boom()])
+    with pytest.raises(DiagnosticError, match="unknown diagnostic 'parent_prob"):
+        probes.diagnose(r.adapter, crops, sm, only=["parent_prob"])
+
+
+def test_unseen_field_targets_drive_the_f2_transfer():
+    """F2 targets: each test crop gets a field of its class that no cell trained on, and the
+    transferred crops' cell pixels take that field's LAB statistics (checked with skimage)."""
+    from skimage.color import rgb2lab
+
+    from shortcutlab.splits import factorial_split
+    from shortcutlab.synth import SynthConfig, synthesize
+    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.audit import side_codes
+    import interventions
+
+    crops = _crops_from_synth(synthesize(SynthConfig(fields_per_class=10, crop_size=32, field_size=128, seed=1)))
+    split = factorial_split(crops.table, seed=0, reserve_parent_share=0.2)
+    targets = probes.unseen_field_targets_for(crops, split, seed=0)["reinhard_unseen_field"]
+    table = crops.table
+    test = np.flatnonzero(side_codes(table, split.cell("leak-low")) == 2)
+    trained = set()
+    for cell in split.cells:
+        trained |= set(table.parent_codes[side_codes(table, split.cell(cell)) == 0])
+    i = int(test[0])
+    # the field whose statistics were given: match the target against every field's pooled stats
+    stats = interventions.field_lab_statistics(crops)
+    d = np.abs(stats[["L_mean", "a_mean", "b_mean"]].to_numpy() - targets["target_mean"][i].numpy()).sum(1)
+    field = stats.index[int(np.argmin(d))]
+    code = list(table.parents).index(field)
+    assert d.min() < 1e-3 and code not in trained and code != table.parent_codes[i]
+    assert table.label_codes[table.parent_codes == code][0] == table.label_codes[i]
+    x, m = crops.float_batch(torch.tensor([i]))
+    y = interventions.get("reinhard_unseen_field")(x.double(), m.double(), target_mean=targets["target_mean"][[i]].double(),
+                                                   target_std=targets["target_std"][[i]].double())
+    lab = rgb2lab(y[0].permute(1, 2, 0).numpy())[m[0, 0].numpy() > 0.5]
+    np.testing.assert_allclose(lab.mean(0), targets["target_mean"][i].numpy(), atol=0.5)
