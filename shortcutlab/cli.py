@@ -1,4 +1,4 @@
-"""The `shortcutlab` command line: audit, split, verify.
+"""The `shortcutlab` command line: audit, split, verify, synth, train, demo, diagnose.
 
 Run ``shortcutlab COMMAND --help`` for the options of each command.
 """
@@ -357,6 +357,81 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _diagnose_params(items: list[str]) -> dict[str, dict]:
+    """--param DIAGNOSTIC.KEY=VALUE options as {diagnostic: {key: value}}."""
+    out: dict[str, dict] = {}
+    for key, value in _key_values(items, "--param").items():
+        diag, dot, name = key.partition(".")
+        if not dot or not diag or not name:
+            raise ShortcutlabError(f"--param takes DIAGNOSTIC.KEY=VALUE (e.g. leace.ranks=[8,64]); got {key!r}")
+        out.setdefault(diag, {})[name] = value
+    return out
+
+
+def cmd_diagnose(args) -> int:
+    import time
+
+    import probes
+
+    from .runs import Run, load_run, load_run_data, read_record
+
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    params = _diagnose_params(args.param)
+    for name in (only or []) + list(params):
+        probes.get_class(name)  # an unknown name lists the close matches, before any work
+    out_dir = args.out or args.run
+    if not args.arch:
+        read_record(args.run)  # a folder that is no run is named before anything is created
+    _check_output_files(None, [("--out", os.path.join(out_dir, "diagnostics.csv")), ("--out", os.path.join(out_dir, "diagnostics.json"))])
+    if args.arch:
+        from .adapter import create_model, wrap
+
+        if not args.weights or not args.classes:
+            raise ShortcutlabError("--arch needs --weights FILE and --classes A,B,... (in the model's logit order)")
+        classes = [c.strip() for c in args.classes.split(",")]
+        model = create_model(args.arch, num_classes=len(classes), pretrained=args.weights)
+        record = {"config": {"arch": args.arch}, "classes": classes, "files": {}}
+        run = Run(path=os.path.abspath(args.run), record=record, adapter=wrap(model, device=args.device).eval(), run_id=args.run_id or args.arch)
+    else:
+        run = load_run(args.run, device=args.device)
+    crops, split, side = load_run_data(run, args.manifest, args.split, args.cell)
+    targets = probes.unseen_field_targets_for(crops, split, seed=args.seed) if args.unseen_field_targets else None
+    preprocess = None
+    cfg = run.record.get("config", {})
+    if cfg.get("mask_background"):
+        from .recipe import _mask_background
+
+        fill = float(cfg.get("background_fill", 0.5))
+        preprocess = lambda x, m: _mask_background(x, m, fill)  # noqa: E731 (scored as trained)
+        preprocess.key = f"mask_background={fill}"
+    log: list = []
+    t0 = time.perf_counter()
+    rows = probes.diagnose(
+        run.adapter, crops, side, only=only, params=params, run_id=args.run_id or run.run_id, batch_size=args.batch_size,
+        seed=args.seed, cache_dir=os.path.join(out_dir, ".features") if args.cache else None, progress=not args.quiet,
+        targets=targets, preprocess=preprocess, log=log,
+    )
+    rows["split_sha256"] = split.hash
+    meta = {"run": run.path, "run_id": args.run_id or run.run_id, "split_sha256": split.hash, "cell": run.record.get("cell"),
+            "diagnostics": log, "params": params, "seed": args.seed, "seconds": round(time.perf_counter() - t0, 2)}
+    paths = probes.write_diagnostics(out_dir, rows, meta)
+    for entry in log:
+        if entry["status"] != "ok":
+            print(f"  {entry['diagnostic']}: {entry['status']} ({entry['reason']})")
+    shown = rows[rows["metric"].isin(["accuracy", "R", "floor", "R_after", "removed_share", "outside_mass", "randomized_head_spearman", "check_passed"])]
+    for r in shown.itertuples():
+        ci = "" if _isnan(r.ci_low) else f"  [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        print(f"  {r.diagnostic:<22} {r.setting:<38} {r.metric:<26} {r.value:8.4f}{ci}  n={r.n}")
+    print(f"wrote {paths['csv']} ({len(rows)} rows) and {paths['json']}")
+    return 0
+
+
+def _isnan(v) -> bool:
+    import math
+
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .splits import available_protocols
@@ -441,6 +516,26 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--mechanism", help="planted mechanisms, comma-separated (default all five)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_demo)
+
+    d = sub.add_parser("diagnose", help="run the probes, saliency and intervention diagnostics on a trained run")
+    d.add_argument("run", help="run folder written by `shortcutlab train` (or, with --arch, where to write)")
+    d.add_argument("--manifest", help="crop manifest CSV (default: the one run.json records)")
+    d.add_argument("--split", help="split manifest CSV (default: the one run.json records)")
+    d.add_argument("--cell", help="cell of a multi-cell split (default: the run's)")
+    d.add_argument("--only", help="comma-separated diagnostics to run (default: all; see --list)")
+    d.add_argument("--param", action="append", default=[], metavar="DIAG.KEY=VALUE", help="a diagnostic's setting, e.g. leace.ranks=[8,64] (repeatable)")
+    d.add_argument("--unseen-field-targets", action="store_true", help="give reinhard_unseen_field (F2) its per-crop targets from the split")
+    d.add_argument("--arch", help="timm architecture of a model trained elsewhere (with --weights and --classes)")
+    d.add_argument("--weights", help="local weight file for --arch")
+    d.add_argument("--classes", help="class names in logit order, comma-separated, for --arch")
+    d.add_argument("--run-id", help="name of the model in the rows (default: the run folder)")
+    d.add_argument("--out", help="folder for diagnostics.csv and diagnostics.json (default: the run folder)")
+    d.add_argument("--batch-size", type=int, default=256)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--device", default="cpu")
+    d.add_argument("--no-cache", dest="cache", action="store_false", help="do not cache features on disk (OUT/.features)")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.set_defaults(func=cmd_diagnose)
 
     v = sub.add_parser("verify", help="check a manifest against a registered hash")
     v.add_argument("manifest")

@@ -540,6 +540,33 @@ def test_cli_train_refuses_a_run_folder_inside_a_file(tmp_path, capsys):
     assert "afile" in line and "is a file, not a folder" in line
 
 
+# --- diagnose (run folders and the command line) -------------------------------------------
+def _bare_run(tmp_path, with_weights=False):
+    import json as _json
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "run.json").write_text(_json.dumps({"config": {"arch": "test_resnet"}, "classes": ["a", "b"]}))
+    return str(d)
+
+
+DIAGNOSE_CLI_CASES = [
+    ("folder-without-run-json", lambda t: ["diagnose", str(t)], "has no run.json"),
+    ("run-without-weights", lambda t: ["diagnose", _bare_run(t)], "has no model weights"),
+    ("run-folder-missing", lambda t: ["diagnose", str(t / "nope")], "does not exist"),
+    ("unknown-diagnostic", lambda t: ["diagnose", _bare_run(t), "--only", "interventoins"], "did you mean 'interventions'"),
+    ("unknown-diagnostic-in-param", lambda t: ["diagnose", _bare_run(t), "--param", "leaec.rank=8"], "unknown diagnostic 'leaec'"),
+    ("param-without-diagnostic", lambda t: ["diagnose", _bare_run(t), "--param", "ranks=[8]"], "ranks"),
+    ("arch-without-weights", lambda t: ["diagnose", str(t), "--arch", "test_resnet"], "--weights"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", [(c[1], c[2]) for c in DIAGNOSE_CLI_CASES], ids=[c[0] for c in DIAGNOSE_CLI_CASES])
+def test_cli_diagnose_names_the_culprit(argv, expected, tmp_path, capsys) -> None:
+    line = cli_error(argv(tmp_path), capsys)
+    assert expected.lower() in line.lower(), line
+
+
 ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES
 
 

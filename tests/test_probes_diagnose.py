@@ -91,8 +91,16 @@ def test_run_folder_errors_name_the_cause(run, tmp_path):
     with pytest.raises(RunError, match="no model weights"):
         load_run(tmp_path)
     r = load_run(tmp / "run")
+    crops, sm, side = load_run_data(r)  # the run records its data files
+    assert sm.hash == r.record["split_sha256"] and len(side) == crops.table.n_crops
+    import shutil
+
+    shutil.copytree(tmp / "run", tmp_path / "older")
+    rec = json.loads((tmp_path / "older" / "run.json").read_text())
+    del rec["data"]  # a run written before run.json recorded its data
+    (tmp_path / "older" / "run.json").write_text(json.dumps(rec))
     with pytest.raises(RunError, match="does not record its crop manifest"):
-        load_run_data(r)
+        load_run_data(load_run(tmp_path / "older"))
     other = parent_split(load_manifest_table(man), 0.5, seed=3)
     other.to_csv(tmp_path / "other.csv")
     with pytest.raises(RunError, match="was trained on"):
@@ -148,3 +156,22 @@ def test_unseen_field_targets_drive_the_f2_transfer():
                                                    target_std=targets["target_std"][[i]].double())
     lab = rgb2lab(y[0].permute(1, 2, 0).numpy())[m[0, 0].numpy() > 0.5]
     np.testing.assert_allclose(lab.mean(0), targets["target_mean"][i].numpy(), atol=0.5)
+
+
+def test_cli_diagnose_writes_every_row_it_prints(run, tmp_path, capsys):
+    from shortcutlab.cli import main
+
+    tmp, man, split = run
+    out = tmp_path / "diag"
+    rc = main(["diagnose", str(tmp / "run"), "--only", "interventions", "--param", "interventions.names=[\"greyscale\",\"low_pass\"]",
+               "--out", str(out), "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    rows = pd.read_csv(out / "diagnostics.csv")
+    meta = json.loads((out / "diagnostics.json").read_text())
+    assert len(meta["rows"]) == len(rows) == 5  # none + 2 x (accuracy, change)
+    assert set(rows.setting) == {"intervention=none", "intervention=greyscale", "intervention=low_pass"}
+    assert meta["diagnostics"] == [{"diagnostic": "interventions", "status": "ok", "reason": "", "seconds": meta["diagnostics"][0]["seconds"]}]
+    logits = pd.read_csv(tmp / "run" / "logits.csv")
+    test = logits[logits.split == "test"]
+    assert rows[rows.setting == "intervention=none"].value.iloc[0] == pytest.approx((test.label == test.pred).mean())
+    assert set(rows.split_sha256) == {json.loads((tmp / "run" / "run.json").read_text())["split_sha256"]}
