@@ -9,10 +9,14 @@ and std are buffers outside the model's state dict, and one model wrapped with a
 transform may use them), of the input size, and of the transform's name, so a changed
 checkpoint, wrapping, crop or intervention never reads stale features.
 
-Example:
-    >>> from probes import extract_features                       # doctest: +SKIP
-    >>> F = extract_features(adapter, crops, batch_size=256, cache_dir="runs/a/.features")
-    >>> F.shape                                                   # (N, D) float32
+Example (``cache_dir="runs/a/.features"`` would keep them on disk):
+    >>> import torch
+    >>> from shortcutlab.adapter import create_model, wrap
+    >>> adapter = wrap(create_model("test_resnet", num_classes=3).eval())
+    >>> crops = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    >>> F = extract_features(adapter, crops, batch_size=4)
+    >>> F.shape, F.dtype
+    ((8, 96), dtype('float32'))
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ def _as_images(crops) -> tuple[torch.Tensor, torch.Tensor | None, list[str] | No
         return crops.images, crops.masks, [str(i) for i in crops.table.ids]
     if isinstance(crops, torch.Tensor):
         if crops.ndim != 4 or crops.shape[1] != 3:
-            raise DiagnosticError(f"crops must be a (N, 3, H, W) tensor; got shape {tuple(crops.shape)}")
+            hint = " (channels-last? use crops.permute(0, 3, 1, 2))" if crops.ndim == 4 and crops.shape[-1] == 3 else ""
+            raise DiagnosticError(f"crops must be a (N, 3, H, W) tensor; got shape {tuple(crops.shape)}{hint}")
         if crops.dtype != torch.uint8 and not crops.is_floating_point():
             raise DiagnosticError(f"crops must be uint8 (0-255) or float in [0, 1]; got dtype {crops.dtype}")
         return crops, None, None
