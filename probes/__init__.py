@@ -6,10 +6,14 @@ by name (`available`, `get`) as for interventions; plug-ins join through the ent
 ``shortcutlab.diagnostics``.
 
 Frozen features come from `extract_features` (batched, cached on disk by weights and crops).
+
+Diagnostics: ``group_identifiability`` (`GroupIdentifiability`: can the parent of a held-out
+sibling be named from its features, or from its cell-free background?).
 """
 
 from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, row
 from .features import extract_features, weights_hash
+from .identifiability import GroupIdentifiability, GroupIdentifiabilityDiagnostic, remove_cell
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
 
 __all__ = [
@@ -19,12 +23,15 @@ __all__ = [
     "Diagnostic",
     "DiagnosticContext",
     "DiagnosticError",
+    "GroupIdentifiability",
+    "GroupIdentifiabilityDiagnostic",
     "available",
     "extract_features",
     "get",
     "get_class",
     "load_entry_points",
     "register",
+    "remove_cell",
     "row",
     "unregister",
     "weights_hash",
