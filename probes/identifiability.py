@@ -363,12 +363,14 @@ class GroupIdentifiability:
                 n_iter.append(0)
                 continue
             tr = np.flatnonzero(keep & (fold != f))
-            Xtr = X[tr].astype(np.float64)
-            mu = Xtr.mean(axis=0)
-            sd = Xtr.std(axis=0)
+            A = X[tr].astype(np.float64)  # standardised in float64 (features with large offsets), in place
+            mu = A.mean(axis=0)
+            sd = A.std(axis=0)
             sd[sd < 10 * np.finfo(np.float64).eps * np.maximum(np.abs(mu), 1.0)] = 1.0  # constant columns: scale 1
-            A = ((Xtr - mu) / sd).astype(np.float32)
-            W, b, it = _fit_multinomial(A, y[tr], K, float(self.C), int(self.max_iter), float(self.tol))
+            A -= mu
+            A /= sd
+            W, b, it = _fit_multinomial(A.astype(np.float32), y[tr], K, float(self.C), int(self.max_iter), float(self.tol))
+            del A
             B = ((X[te].astype(np.float64) - mu) / sd).astype(np.float32)
             predicted[te] = (B @ W + b).argmax(axis=1)
             n_iter.append(it)

@@ -209,6 +209,14 @@ def test_constant_feature_columns_are_harmless() -> None:
     assert np.isfinite(gi.accuracy_) and gi.accuracy_ > 0.5
 
 
+def test_invariant_to_feature_offset_and_scale() -> None:
+    """Standardisation inside each fold: shifting and scaling every column changes nothing."""
+    X, parents, _ = gaussian_parents(10, 5, 6, 0.8, seed=4)
+    a = GroupIdentifiability().fit_score(X, parents)
+    b = GroupIdentifiability().fit_score(1e4 + 1e-3 * X * np.arange(1, 7), parents)
+    assert (a.predicted_ == b.predicted_).mean() >= 0.98
+
+
 # -- bad input (the catalogue in test_bad_input.py has the one-line message checks) --------------
 @pytest.mark.parametrize(
     "kwargs, word",
