@@ -6,10 +6,14 @@ by name (`available`, `get`) as for interventions; plug-ins join through the ent
 ``shortcutlab.diagnostics``.
 
 Frozen features come from `extract_features` (batched, cached on disk by weights and crops).
+
+Diagnostics: ``group_identifiability`` (`GroupIdentifiability`: can the parent of a held-out
+sibling be named from its features, or from its cell-free background?).
 """
 
 from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, row
 from .features import extract_features, weights_hash
+from .identifiability import GroupIdentifiability, GroupIdentifiabilityDiagnostic, remove_cell
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
 
 # Built-in diagnostics register themselves on import.
@@ -24,6 +28,8 @@ __all__ = [
     "InterventionAccuracy",
     "DiagnosticContext",
     "DiagnosticError",
+    "GroupIdentifiability",
+    "GroupIdentifiabilityDiagnostic",
     "available",
     "diagnose",
     "extract_features",
@@ -31,6 +37,7 @@ __all__ = [
     "get_class",
     "load_entry_points",
     "register",
+    "remove_cell",
     "row",
     "unregister",
     "unseen_field_targets_for",

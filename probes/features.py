@@ -3,14 +3,20 @@
 Every probe reads the same penultimate features (`ModelAdapter.features`), so they are
 computed once per model and crop set: in memory within a run, and on disk across runs when a
 cache folder is given. The cache key is the SHA-256 of the model's weights (every tensor of its
-state dict, names included), of the crops' ids and pixels (and masks, when a transform may use
-them), of the input size, and of the transform's name, so a changed checkpoint, crop or
-intervention never reads stale features.
+state dict, names included), of the adapter's input normalisation and feature source (its mean
+and std are buffers outside the model's state dict, and one model wrapped with another
+``feature_layer=`` gives other features), of the crops' ids and pixels (and masks, when a
+transform may use them), of the input size, and of the transform's name, so a changed
+checkpoint, wrapping, crop or intervention never reads stale features.
 
-Example:
-    >>> from probes import extract_features                       # doctest: +SKIP
-    >>> F = extract_features(adapter, crops, batch_size=256, cache_dir="runs/a/.features")
-    >>> F.shape                                                   # (N, D) float32
+Example (``cache_dir="runs/a/.features"`` would keep them on disk):
+    >>> import torch
+    >>> from shortcutlab.adapter import create_model, wrap
+    >>> adapter = wrap(create_model("test_resnet", num_classes=3).eval())
+    >>> crops = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    >>> F = extract_features(adapter, crops, batch_size=4)
+    >>> F.shape, F.dtype
+    ((8, 96), dtype('float32'))
 """
 
 from __future__ import annotations
@@ -46,11 +52,29 @@ def _as_images(crops) -> tuple[torch.Tensor, torch.Tensor | None, list[str] | No
         return crops.images, crops.masks, [str(i) for i in crops.table.ids]
     if isinstance(crops, torch.Tensor):
         if crops.ndim != 4 or crops.shape[1] != 3:
-            raise DiagnosticError(f"crops must be a (N, 3, H, W) tensor; got shape {tuple(crops.shape)}")
+            hint = " (channels-last? use crops.permute(0, 3, 1, 2))" if crops.ndim == 4 and crops.shape[-1] == 3 else ""
+            raise DiagnosticError(f"crops must be a (N, 3, H, W) tensor; got shape {tuple(crops.shape)}{hint}")
         if crops.dtype != torch.uint8 and not crops.is_floating_point():
             raise DiagnosticError(f"crops must be uint8 (0-255) or float in [0, 1]; got dtype {crops.dtype}")
         return crops, None, None
     raise DiagnosticError(f"crops must be CropImages, a CropTable with an image column, or a (N, 3, H, W) tensor; got {type(crops).__name__}")
+
+
+def _check_index(index, n: int) -> np.ndarray | None:
+    """`index` as int64 row positions in [0, n) (a boolean mask of length n is accepted)."""
+    if index is None:
+        return None
+    idx = np.asarray(index)
+    if idx.dtype == bool:
+        if idx.shape != (n,):
+            raise DiagnosticError(f"index as a boolean mask must have one entry per crop, shape ({n},); got {idx.shape}")
+        return np.flatnonzero(idx)
+    if idx.ndim != 1 or not (np.issubdtype(idx.dtype, np.integer) or idx.size == 0):
+        raise DiagnosticError(f"index must be a 1-D array of row positions (or a boolean mask); got shape {idx.shape}, dtype {idx.dtype}")
+    idx = idx.astype(np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise DiagnosticError(f"index must hold row positions in [0, {n}); got values in [{idx.min()}, {idx.max()}]")
+    return idx
 
 
 def _batch(images: torch.Tensor, idx: torch.Tensor, device) -> torch.Tensor:
@@ -58,10 +82,34 @@ def _batch(images: torch.Tensor, idx: torch.Tensor, device) -> torch.Tensor:
     return x.float().div_(255.0) if x.dtype == torch.uint8 else x
 
 
-def cache_key(model: torch.nn.Module, images: torch.Tensor, ids, masks=None, transform_key: str | None = None) -> str:
-    """The cache key of one model x crop set x transform (see the module docstring)."""
+def _adapter_fingerprint(adapter) -> bytes:
+    """What else than the weights changes an adapter's features: normalisation and source."""
     h = hashlib.sha256()
-    h.update(weights_hash(model).encode())
+    for t in (adapter.mean, adapter.std):
+        h.update(t.detach().cpu().to(torch.float64).contiguous().numpy().tobytes())
+    h.update(adapter.extra_repr().encode())
+    return h.digest()
+
+
+def cache_key(model: torch.nn.Module, images: torch.Tensor, ids, masks=None, transform_key: str | None = None) -> str:
+    """The cache key of one model x crop set x transform (see the module docstring).
+
+    Args:
+        model: a `ModelAdapter` (its model's weights, normalisation and feature source) or a
+            plain module (its weights).
+        images: (N, 3, H, W) crops.
+        ids: crop ids or None.
+        masks: (N, 1, H, W) masks, hashed with a transform only.
+        transform_key: the transform's name, or None.
+    """
+    from shortcutlab.adapter import ModelAdapter
+
+    h = hashlib.sha256()
+    if isinstance(model, ModelAdapter):
+        h.update(weights_hash(model.model).encode())
+        h.update(_adapter_fingerprint(model))
+    else:
+        h.update(weights_hash(model).encode())
     h.update(f"|{tuple(images.shape)}|{images.dtype}|".encode())
     h.update(hashlib.sha256(images.detach().cpu().contiguous().numpy().tobytes()).digest())
     if ids is not None:
@@ -110,11 +158,12 @@ def extract_features(
     if int(batch_size) < 1:
         raise DiagnosticError(f"batch_size must be >= 1; got {batch_size}")
     images, masks, ids = _as_images(crops)
+    index = _check_index(index, images.shape[0])
     if transform is not None and cache_dir is not None and not transform_key:
         raise DiagnosticError("a feature cache with a transform needs transform_key= naming it")
     path = None
     if cache_dir is not None:
-        key = cache_key(adapter.model, images, ids, masks, transform_key if transform is not None else None)
+        key = cache_key(adapter, images, ids, masks, transform_key if transform is not None else None)
         path = os.path.join(os.fspath(cache_dir), f"{key}.npy")
         if os.path.exists(path):
             feats = np.load(path)

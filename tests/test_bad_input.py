@@ -567,7 +567,50 @@ def test_cli_diagnose_names_the_culprit(argv, expected, tmp_path, capsys) -> Non
     assert expected.lower() in line.lower(), line
 
 
-ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES
+# --- group identifiability and feature extraction ----------------------------------------------
+from probes.base import DiagnosticError  # noqa: E402
+
+
+def _ident(X_rows: int, parents) -> Callable:
+    def call(tmp_path):
+        import numpy as np
+
+        from probes import GroupIdentifiability
+
+        GroupIdentifiability().fit_score(np.random.default_rng(0).normal(size=(X_rows, 4)), np.asarray(parents))
+
+    return call
+
+
+def _extract(images) -> Callable:
+    def call(tmp_path):
+        import torch
+
+        from probes import extract_features
+        from shortcutlab.adapter import wrap
+
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+        extract_features(wrap(net, head="3", mean=0.5, std=0.25), images())
+
+    return call
+
+
+def _tensor(shape, dtype_name: str) -> Callable:
+    return lambda: __import__("torch").zeros(shape, dtype=getattr(__import__("torch"), dtype_name))
+
+
+IDENT_CASES: list[Case] = [
+    Case("ident-lengths-differ", _ident(12, [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5]), DiagnosticError, ("12 rows", "parents has 11")),
+    Case("ident-single-parent", _ident(6, ["slide7"] * 6), DiagnosticError, ("two parents", "'slide7'")),
+    Case("ident-all-singletons", _ident(5, [0, 1, 2, 3, 4]), DiagnosticError, ("two or more crops", "5 parents", "5 of them with one crop")),
+    Case("features-crops-wrong-shape", _extract(_tensor((4, 1, 16, 16), "uint8")), DiagnosticError, ("(N, 3, H, W)", "(4, 1, 16, 16)")),
+    Case("features-crops-channels-last", _extract(_tensor((4, 16, 16, 3), "uint8")), DiagnosticError, ("(N, 3, H, W)", "(4, 16, 16, 3)", "permute(0, 3, 1, 2)")),
+    Case("features-crops-wrong-dtype", _extract(_tensor((4, 3, 16, 16), "int32")), DiagnosticError, ("uint8", "torch.int32")),
+    Case("features-crops-not-a-tensor", _extract(lambda: [[0.0]]), DiagnosticError, ("(N, 3, H, W) tensor", "list")),
+]
+
+
+ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])
