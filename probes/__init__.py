@@ -6,11 +6,14 @@ by name (`available`, `get`) as for interventions; plug-ins join through the ent
 ``shortcutlab.diagnostics``.
 
 Frozen features come from `extract_features` (batched, cached on disk by weights and crops).
+Saliency (`probes.saliency`): `gradcam` maps, their `outside_mass` and the
+`randomized_head_check`; the `gradcam` diagnostic reports them on the test side.
 """
 
 from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, row
 from .features import extract_features, weights_hash
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
+from .saliency import HeadCheck, gradcam, outside_mass, randomized_head_check
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -19,11 +22,15 @@ __all__ = [
     "Diagnostic",
     "DiagnosticContext",
     "DiagnosticError",
+    "HeadCheck",
     "available",
     "extract_features",
     "get",
     "get_class",
+    "gradcam",
     "load_entry_points",
+    "outside_mass",
+    "randomized_head_check",
     "register",
     "row",
     "unregister",
