@@ -620,8 +620,8 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
     deepest = max(cascades) if cascades else 0
     if deepest > len(blocks_all) and need_order:
         raise DiagnosticError(
-            f"cascade={deepest} asks for more blocks than the model has below its head ({len(blocks_all)}: "
-            f"{', '.join(blocks_all[:5])}{', ...' if len(blocks_all) > 5 else ''})"
+            f"cascade={deepest} asks for more blocks than the model has below its head: {len(blocks_all)} "
+            f"({', '.join(map(repr, blocks_all[:5]))}{', ...' if len(blocks_all) > 5 else ''}; see cascade_blocks())"
         )
     touched = [adapter.head] + [adapter.model.get_submodule(b) for b in blocks_all[:deepest]]
     out = []
