@@ -392,19 +392,48 @@ def outside_mass(maps: torch.Tensor, masks: torch.Tensor, *, warn: bool = True) 
 
 
 # --------------------------------------------------------------------------- Spearman
-def _average_ranks(v: torch.Tensor) -> torch.Tensor:
-    """(B, N) -> (B, N) float64 ranks 1..N per row, ties given their average rank."""
+def _centred_ranks(v: torch.Tensor) -> torch.Tensor:
+    """(B, N) -> (B, N) float64 average ranks (ties share the mean of their ranks) less their mean (N + 1) / 2."""
     b, n = v.shape
     s, idx = v.sort(dim=1)
-    new = torch.ones_like(s, dtype=torch.bool)
-    new[:, 1:] = s[:, 1:] != s[:, :-1]
-    gid = new.long().cumsum(dim=1) - 1 + n * torch.arange(b, device=v.device)[:, None]
-    pos = torch.arange(n, device=v.device, dtype=torch.float64).expand(b, n).reshape(-1)
-    flat = gid.reshape(-1)
-    first = torch.full((b * n,), float(n), dtype=torch.float64, device=v.device).scatter_reduce(0, flat, pos, "amin")
-    last = torch.full((b * n,), -1.0, dtype=torch.float64, device=v.device).scatter_reduce(0, flat, pos, "amax")
-    avg = ((first + last) / 2 + 1)[flat].reshape(b, n)
-    return torch.empty_like(avg).scatter_(1, idx, avg)
+    start = torch.ones_like(s, dtype=torch.bool)  # where a run of equal values begins (every row starts one)
+    torch.ne(s[:, 1:], s[:, :-1], out=start[:, 1:])
+    starts = start.view(-1).nonzero().view(-1)  # positions in the flattened (B * N) order
+    ends = torch.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1] = b * n
+    mid = (starts + ends - 1).to(torch.float64).mul_(0.5)  # a run's mean position = its average rank - 1
+    centred = mid.repeat_interleave(ends - starts, output_size=b * n).view(b, n)
+    centred -= (torch.arange(b, device=v.device, dtype=torch.float64) * n + (n - 1) / 2)[:, None]
+    return torch.empty_like(centred).scatter_(1, idx, centred)
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    """Centred average ranks of B maps, their norms, and which maps are finite."""
+
+    r: torch.Tensor
+    norm: torch.Tensor
+    ok: torch.Tensor
+
+
+def _ranked(maps: torch.Tensor) -> _Ranked:
+    x = maps.detach().reshape(int(maps.shape[0]), -1)
+    ok = torch.isfinite(x.sum(dim=1, dtype=torch.float64))  # a float64 sum of float32 values cannot overflow
+    if not bool(ok.all()):
+        x = torch.where(ok[:, None], x, torch.zeros_like(x))
+    r = _centred_ranks(x)
+    return _Ranked(r, torch.linalg.vector_norm(r, dim=1), ok)
+
+
+def _rho(a: _Ranked, b: _Ranked) -> torch.Tensor:
+    den = a.norm * b.norm
+    rho = torch.einsum("bn,bn->b", a.r, b.r) / den
+    return torch.where(a.ok & b.ok & (den > 0), rho.clamp(-1, 1), torch.full_like(rho, math.nan))
+
+
+def _rolled(a: _Ranked) -> _Ranked:
+    return _Ranked(a.r.roll(-1, dims=0), a.norm.roll(-1, dims=0), a.ok.roll(-1, dims=0))
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -421,27 +450,16 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     if a.shape != b.shape:
         raise DiagnosticError(f"spearman() needs maps of one shape; got {tuple(a.shape)} and {tuple(b.shape)}")
-    bsz = int(a.shape[0])
-    if bsz == 0:
+    if int(a.shape[0]) == 0:
         return torch.zeros(0, dtype=torch.float64, device=a.device)
-    x = a.detach().reshape(bsz, -1).to(torch.float64)
-    y = b.detach().reshape(bsz, -1).to(torch.float64)
-    ok = torch.isfinite(x).all(dim=1) & torch.isfinite(y).all(dim=1)
-    x = torch.where(ok[:, None], x, torch.zeros_like(x))
-    y = torch.where(ok[:, None], y, torch.zeros_like(y))
-    rx, ry = _average_ranks(x), _average_ranks(y)
-    rx = rx - rx.mean(dim=1, keepdim=True)
-    ry = ry - ry.mean(dim=1, keepdim=True)
-    den = torch.sqrt((rx * rx).sum(dim=1) * (ry * ry).sum(dim=1))
-    rho = (rx * ry).sum(dim=1) / den
-    return torch.where(ok & (den > 0), rho.clamp(-1, 1), torch.full_like(rho, math.nan))
+    return _rho(_ranked(a), _ranked(b))
 
 
-def _pair_spearman(maps: torch.Tensor) -> torch.Tensor:
+def _pair_spearman(ranked: _Ranked) -> torch.Tensor:
     """Crop i's map against crop (i + 1) mod B's; NaN for a batch of one."""
-    if maps.shape[0] < 2:
-        return torch.full((maps.shape[0],), math.nan, dtype=torch.float64, device=maps.device)
-    return spearman(maps, maps.roll(-1, dims=0))
+    if ranked.r.shape[0] < 2:
+        return torch.full((ranked.r.shape[0],), math.nan, dtype=torch.float64, device=ranked.r.device)
+    return _rho(ranked, _rolled(ranked))
 
 
 # -------------------------------------------------------------- re-initialisation
@@ -615,7 +633,8 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
     maps = _finish(raw, relu, size, upsample)
     m = None if masks is None else _check_masks(masks, int(x.shape[0]), tuple(maps.shape[-2:]))
     om = None if m is None else outside_mass(maps, m, warn=warn)
-    pair = _pair_spearman(maps)
+    ranked = _ranked(maps)  # ranked once for the pairs and every cascade depth
+    pair = _pair_spearman(ranked)
     blocks_all = _blocks_from_order(adapter, order) if need_order else []
     deepest = max(cascades) if cascades else 0
     if deepest > len(blocks_all) and need_order:
@@ -643,7 +662,7 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
                     maps=maps,
                     randomized_maps=rmaps,
                     targets=t,
-                    spearman=spearman(maps, rmaps),
+                    spearman=_rho(ranked, _ranked(rmaps)),
                     random_pair_spearman=pair,
                     outside_mass=om,
                     randomized_outside_mass=None if m is None else outside_mass(rmaps, m, warn=False),
