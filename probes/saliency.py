@@ -25,7 +25,11 @@ Two ways to the same map:
   The conditions are checked numerically on every batch, never assumed: the model is in eval
   mode, the head is one ``nn.Linear``, the features equal the spatial mean of A and the
   logits equal ``head(features)``, to float tolerance (`fast_path_reason` says which failed).
-  ``path="auto"`` (default) takes the fast path where these hold and autograd otherwise.
+  With ``path="auto"`` (default) the trained head's maps come from autograd (which, starting
+  at the layer, costs little more than the forward pass) and the derivative is checked too:
+  ds_k/dA must be W_k / (h w) at every position; where all of this holds, re-initialised
+  heads reuse the activations, and where it does not, they get their own forward and
+  backward passes. ``path="fast"`` checks the values only and skips the backward pass.
 
 **Outside mass** (`outside_mass`): per crop, the positive attribution outside the cell over
 all positive attribution, sum(max(M, 0) (1 - m)) / sum(max(M, 0)), with m the cell mask (1 on
@@ -253,18 +257,6 @@ def _fast_reason(adapter: ModelAdapter, p: _Pass, a: torch.Tensor) -> str | None
     return None
 
 
-def fast_path_reason(adapter: ModelAdapter, x: torch.Tensor) -> str | None:
-    """Why the fast path does not apply to `adapter` on batch `x`; None when it does.
-
-    The fast path needs: eval mode, a head that is one ``nn.Linear``, features equal to the
-    spatial mean of the cam_layer's (reshaped) activations, and logits equal to
-    ``head(features)``, all checked numerically on `x` (one forward pass, no gradients).
-    """
-    adapter = _check_adapter(adapter)
-    p = _forward(adapter, x, grad=False)
-    return _fast_reason(adapter, p, adapter.cam_reshape(p.raw, x.shape[-2:]))
-
-
 def _upsample(cam: torch.Tensor, size, upsample) -> torch.Tensor:
     if upsample is None or tuple(cam.shape[-2:]) == tuple(size):
         return cam
@@ -285,35 +277,71 @@ def _fast_cam(a: torch.Tensor, weight: torch.Tensor, t: torch.Tensor) -> torch.T
     return torch.einsum("bc,bchw->bhw", weight[t] / (h * w), a)
 
 
-def _autograd_cam(adapter: ModelAdapter, p: _Pass, t: torch.Tensor, size) -> torch.Tensor:
-    """(B, h, w) un-rectified Grad-CAM from the pass's graph (autograd of the target logits)."""
+def _grad(adapter: ModelAdapter, p: _Pass, t: torch.Tensor, size) -> torch.Tensor:
+    """d(sum of the target logits) / dA, laid out as A (B, C, h, w), from the pass's graph."""
     score = p.logits.gather(1, t[:, None]).sum()
-    if not score.requires_grad:
-        g = torch.zeros_like(p.raw)
-    else:
+    g = None
+    if score.requires_grad:
         (g,) = torch.autograd.grad(score, p.raw, allow_unused=True)
-        if g is None:  # the logits do not depend on this layer: a blank map (NaN outside mass)
-            g = torch.zeros_like(p.raw)
-    with torch.no_grad():
-        a = adapter.cam_reshape(p.raw.detach(), size)
-        gm = adapter.cam_reshape(g, size)
-        return torch.einsum("bc,bchw->bhw", gm.mean(dim=(2, 3)), a)
+    if g is None:  # the logits do not depend on this layer: a blank map (NaN outside mass)
+        g = torch.zeros_like(p.raw)
+    return adapter.cam_reshape(g, size)
+
+
+def _uniform_grad_reason(adapter: ModelAdapter, gm: torch.Tensor, t: torch.Tensor) -> str | None:
+    """The derivative half of the fast path's conditions: dA gets W[t] / (h w) at every position."""
+    h, w = gm.shape[-2:]
+    want = (_linear_head(adapter).weight.detach()[t] / (h * w))[:, :, None, None].expand_as(gm)
+    tol = math.sqrt(torch.finfo(gm.dtype).eps)
+    scale = float(want.abs().max()) if want.numel() else 1.0
+    if not torch.allclose(gm, want, rtol=tol, atol=tol * scale):
+        return "the gradient of the target logits is not W[target] / (h w) at every position of the cam_layer"
+    return None
 
 
 def _cams(adapter, x, targets, path, order=None):
-    """(raw (B, h, w) maps, targets, path used, pass, reshaped activations) of one batch."""
+    """(raw (B, h, w) maps, targets, path, pass, reshaped activations) of one batch.
+
+    'auto' takes the gradient by autograd (from the cam_layer on, so about one forward pass)
+    and reports 'fast' when the value and derivative conditions hold on this batch, so that
+    other linear heads can reuse the activations; 'fast' checks the values only.
+    """
     size = tuple(x.shape[-2:])
     p = _forward(adapter, x, grad=path != "fast", order=order)
     t = targets if targets is not None else p.logits.detach().argmax(dim=1)
     _check_range(t, p.logits.shape[1])
     a = adapter.cam_reshape(p.raw.detach(), size)
-    if path != "autograd":
+    if path == "fast":
         why = _fast_reason(adapter, p, a)
-        if why is None:
-            return _fast_cam(a, _linear_head(adapter).weight.detach(), t), t, "fast", p, a
-        if path == "fast":
+        if why is not None:
             raise DiagnosticError(f"Grad-CAM's fast path does not apply: {why}; use path='auto' or 'autograd'")
-    return _autograd_cam(adapter, p, t, size), t, "autograd", p, a
+        return _fast_cam(a, _linear_head(adapter).weight.detach(), t), t, "fast", p, a
+    gm = _grad(adapter, p, t, size)
+    if path == "auto" and _fast_reason(adapter, p, a) is None and _uniform_grad_reason(adapter, gm, t) is None:
+        # the same map up to rounding; computed as the re-initialised heads' maps will be, so
+        # that an unchanged head reproduces it bit for bit
+        return _fast_cam(a, _linear_head(adapter).weight.detach(), t), t, "fast", p, a
+    return torch.einsum("bc,bchw->bhw", gm.mean(dim=(2, 3)), a), t, "autograd", p, a
+
+
+def fast_path_reason(adapter: ModelAdapter, x: torch.Tensor) -> str | None:
+    """Why the fast path does not apply to `adapter` on batch `x`; None when it does.
+
+    The fast path needs: eval mode, a head that is one ``nn.Linear``, features equal to the
+    spatial mean of the cam_layer's (reshaped) activations, logits equal to
+    ``head(features)``, and (the derivative) d logit_k / dA = W_k / (h w) at every position for
+    each crop's predicted class k, all checked numerically on `x` (one forward pass and a
+    backward pass from the logits to the cam_layer).
+    """
+    adapter = _check_adapter(adapter)
+    size = tuple(x.shape[-2:])
+    p = _forward(adapter, x, grad=True)
+    a = adapter.cam_reshape(p.raw.detach(), size)
+    why = _fast_reason(adapter, p, a)
+    if why is None:
+        t = p.logits.detach().argmax(dim=1)
+        why = _uniform_grad_reason(adapter, _grad(adapter, p, t, size), t)
+    return why
 
 
 # --------------------------------------------------------------------------- Grad-CAM
@@ -339,7 +367,9 @@ def gradcam(
         relu: rectify the map (Grad-CAM's ReLU; captum's ``relu_attributions=True``).
         upsample: 'bilinear' (``align_corners=False``), 'nearest', or None to keep the
             cam_layer's (h, w).
-        path: 'auto' (fast where valid, else autograd), 'fast' (error where invalid) or
+        path: 'auto' (checks the fast path's conditions, values and derivative, on the
+            batch and takes it where they hold, else autograd), 'fast' (the GAP + linear
+            formula after a check of the values only; an error where they fail) or
             'autograd'.
 
     Returns:

@@ -249,6 +249,26 @@ def test_fast_path_is_detected_not_assumed():
     torch.testing.assert_close(gradcam(odd, x, 1), hand_gradcam(odd, x, torch.tensor([1, 1, 1])), rtol=1e-4, atol=1e-6)
 
 
+class _SteepPool(nn.Module):
+    """The spatial mean in value, twice its derivative: values alone cannot tell it from a mean."""
+
+    def forward(self, a):
+        m = a.mean(dim=(2, 3), keepdim=True)
+        return 2 * m - m.detach()
+
+
+def test_fast_path_checks_the_derivative_not_only_values():
+    adapter = tiny()
+    adapter.model.pool = _SteepPool()
+    x = batch(3, 32, seed=6)
+    assert "gradient" in fast_path_reason(adapter, x)
+    t = torch.tensor([0, 1, 2])
+    auto = gradcam(adapter, x, t)  # auto falls back to autograd: the true Grad-CAM
+    torch.testing.assert_close(auto, hand_gradcam(adapter, x, t), rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(gradcam(adapter, x, t, path="fast") * 2, auto, rtol=1e-4, atol=1e-7)  # values-only check is fooled
+    assert randomized_head_check(adapter, x, t, seed=1).path == "autograd"
+
+
 # ---------------------------------------------------------------------- outside mass
 class Evidence(nn.Module):
     """Evidence = brightness: a (3 -> 1) averaging conv (stride `s`), ReLU, GAP, then a linear
