@@ -234,6 +234,15 @@ def _linear_head(adapter: ModelAdapter) -> nn.Linear | None:
     return head if type(head) is nn.Linear else None
 
 
+def _near(a: torch.Tensor, b: torch.Tensor, scale: float) -> bool:
+    """max |a - b| <= sqrt(eps) * scale (one fused pass; allclose is slow on broadcast views)."""
+    if a.numel() == 0:
+        return True
+    tol = math.sqrt(torch.finfo(a.dtype).eps) if a.is_floating_point() else 0.0
+    with torch.no_grad():
+        return float((a - b).abs().amax()) <= tol * scale
+
+
 def _fast_reason(adapter: ModelAdapter, p: _Pass, a: torch.Tensor) -> str | None:
     """Why the fast path does not give this batch's Grad-CAM (None when it does)."""
     if adapter.model.training:
@@ -244,15 +253,10 @@ def _fast_reason(adapter: ModelAdapter, p: _Pass, a: torch.Tensor) -> str | None
     f = p.feats.detach()
     if f.shape[1] != a.shape[1]:
         return f"the features have {f.shape[1]} dimensions but the cam_layer has {a.shape[1]} channels"
-    tol = math.sqrt(torch.finfo(f.dtype).eps) if f.is_floating_point() else 0.0
-    pooled = a.mean(dim=(2, 3))
-    scale = 1.0 + float(f.abs().max()) if f.numel() else 1.0
-    if not torch.allclose(f, pooled, rtol=tol, atol=tol * scale):
+    if not _near(f, a.mean(dim=(2, 3)), 1.0 + float(f.abs().amax()) if f.numel() else 1.0):
         return "the features are not the spatial mean of the cam_layer's activations"
     z = p.logits.detach()
-    lin = F.linear(f, head.weight, head.bias)
-    zscale = 1.0 + float(z.abs().max()) if z.numel() else 1.0
-    if not torch.allclose(z, lin, rtol=tol, atol=tol * zscale):
+    if not _near(z, F.linear(f, head.weight, head.bias), 1.0 + float(z.abs().amax()) if z.numel() else 1.0):
         return "the logits are not head(features)"
     return None
 
@@ -291,10 +295,8 @@ def _grad(adapter: ModelAdapter, p: _Pass, t: torch.Tensor, size) -> torch.Tenso
 def _uniform_grad_reason(adapter: ModelAdapter, gm: torch.Tensor, t: torch.Tensor) -> str | None:
     """The derivative half of the fast path's conditions: dA gets W[t] / (h w) at every position."""
     h, w = gm.shape[-2:]
-    want = (_linear_head(adapter).weight.detach()[t] / (h * w))[:, :, None, None].expand_as(gm)
-    tol = math.sqrt(torch.finfo(gm.dtype).eps)
-    scale = float(want.abs().max()) if want.numel() else 1.0
-    if not torch.allclose(gm, want, rtol=tol, atol=tol * scale):
+    want = (_linear_head(adapter).weight.detach()[t] / (h * w))[:, :, None, None]
+    if not _near(gm, want, float(want.abs().amax()) if want.numel() else 1.0):
         return "the gradient of the target logits is not W[target] / (h w) at every position of the cam_layer"
     return None
 
