@@ -21,7 +21,8 @@ Two ways to the same map:
 - **fast** (global average pooling then one linear head, timm CNNs among them): when the
   features are the spatial mean of A and the logits are W f + b, ds_k/dA_c = W_kc / (h w) at
   every position, so w = W_k / (h w) and the map of *any* linear head is a matrix product with
-  the same activations: no backward pass, and a re-initialised head costs no second forward.
+  the same activations: a re-initialised head costs no second forward or backward pass. It
+  does not apply to timm's ViTs (class-token pooling, or a norm after the token mean).
   The conditions are checked numerically on every batch, never assumed: the model is in eval
   mode, the head is one ``nn.Linear``, the features equal the spatial mean of A and the
   logits equal ``head(features)``, to float tolerance (`fast_path_reason` says which failed).
