@@ -498,3 +498,22 @@ def test_gradcam_diagnostic_bad_settings():
         probes.get("gradcam", cascade=(-1,))
     with pytest.raises(DiagnosticError, match="upsample"):
         probes.get("gradcam", upsample=None)
+
+
+def test_parent_bootstrap_intervals_match_closed_forms():
+    from probes.saliency import _cluster_bootstrap
+
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=400)
+    half = 1.96 * v.std(ddof=1) / math.sqrt(len(v))
+    for stat, width in (("mean", 2 * half), ("median", 2 * half * math.sqrt(math.pi / 2))):  # iid: one crop per parent
+        lo, hi = _cluster_bootstrap(v, np.arange(400), stat, n_boot=2000, seed=1)
+        assert lo < np.mean(v) < hi and (hi - lo) == pytest.approx(width, rel=0.2)
+    # 40 parents of 10 identical siblings: as wide as 40 independent crops, not 400
+    c = np.repeat(np.arange(40), 10)
+    w = np.repeat(rng.normal(size=40), 10)
+    lo, hi = _cluster_bootstrap(w, c, "mean", n_boot=2000, seed=1)
+    assert (hi - lo) == pytest.approx(2 * 1.96 * w[::10].std(ddof=1) / math.sqrt(40), rel=0.2)
+    nan = np.where(np.arange(400) % 7 == 0, np.nan, v)
+    assert np.isfinite(_cluster_bootstrap(nan, np.arange(400), "median", n_boot=200, seed=1)).all()
+    assert all(math.isnan(b) for b in _cluster_bootstrap(np.full(5, np.nan), np.arange(5), "mean", n_boot=200, seed=1))
