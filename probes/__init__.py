@@ -9,12 +9,15 @@ Frozen features come from `extract_features` (batched, cached on disk by weights
 
 Diagnostics: ``group_identifiability`` (`GroupIdentifiability`: can the parent of a held-out
 sibling be named from its features, or from its cell-free background?).
+Saliency (`probes.saliency`): `gradcam` maps, their `outside_mass` and the
+`randomized_head_check`; the `gradcam` diagnostic reports them on the test side.
 """
 
 from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, row
 from .features import extract_features, weights_hash
 from .identifiability import GroupIdentifiability, GroupIdentifiabilityDiagnostic, remove_cell
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
+from .saliency import HeadCheck, gradcam, outside_mass, randomized_head_check
 
 # Built-in diagnostics register themselves on import.
 from .interventions_accuracy import InterventionAccuracy
@@ -30,12 +33,16 @@ __all__ = [
     "DiagnosticError",
     "GroupIdentifiability",
     "GroupIdentifiabilityDiagnostic",
+    "HeadCheck",
     "available",
     "diagnose",
     "extract_features",
     "get",
     "get_class",
+    "gradcam",
     "load_entry_points",
+    "outside_mass",
+    "randomized_head_check",
     "register",
     "remove_cell",
     "row",

@@ -610,7 +610,82 @@ IDENT_CASES: list[Case] = [
 ]
 
 
-ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES
+# --- saliency (probes.saliency) ----------------------------------------------------------------
+def _saliency_net(cam: bool = True):
+    import torch
+    from torch import nn
+
+    from shortcutlab import wrap
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)).eval()
+    return wrap(model, head="4", mean=0.5, std=0.25, **({"cam_layer": "1"} if cam else {}))
+
+
+def _saliency_crops(n: int = 2, size: int = 16):
+    import torch
+
+    return torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def _mask_wrong_size(tmp_path):
+    import torch
+
+    from probes import randomized_head_check
+
+    randomized_head_check(_saliency_net(), _saliency_crops(), None, masks=torch.ones(2, 1, 8, 8))
+
+
+def _outside_mask_wrong_size(tmp_path):
+    import torch
+
+    from probes import outside_mass
+
+    outside_mass(torch.rand(2, 16, 16), torch.ones(2, 1, 16, 12))
+
+
+def _targets_wrong_length(tmp_path):
+    from probes import gradcam
+
+    gradcam(_saliency_net(), _saliency_crops(), targets=[0, 1, 2])
+
+
+def _target_out_of_range(tmp_path):
+    from probes import gradcam
+
+    gradcam(_saliency_net(), _saliency_crops(), targets=[0, 7])
+
+
+def _no_cam_layer(tmp_path):
+    from probes import gradcam
+
+    gradcam(_saliency_net(cam=False), _saliency_crops(), targets=None)
+
+
+def _cascade_too_deep(tmp_path):
+    from probes import randomized_head_check
+
+    randomized_head_check(_saliency_net(), _saliency_crops(), None, cascade=5)
+
+
+def _saliency_cases() -> list[Case]:
+    from probes import DiagnosticError
+    from shortcutlab.adapter import ModelError
+
+    return [
+        Case("saliency-mask-wrong-size", _mask_wrong_size, DiagnosticError, ("masks", "(2, 1, 16, 16)", "(2, 1, 8, 8)")),
+        Case("saliency-outside-mass-mask-wrong-size", _outside_mask_wrong_size, DiagnosticError, ("masks", "(2, 1, 16, 16)", "(2, 1, 16, 12)")),
+        Case("saliency-targets-wrong-length", _targets_wrong_length, DiagnosticError, ("targets", "(2,)", "(3,)")),
+        Case("saliency-target-out-of-range", _target_out_of_range, DiagnosticError, ("targets", "[0, 3)", "7")),
+        Case("saliency-no-cam-layer", _no_cam_layer, ModelError, ("cam_layer=", "Sequential")),
+        Case("saliency-cascade-too-deep", _cascade_too_deep, DiagnosticError, ("cascade=5", "1 ('0'")),
+    ]
+
+
+SALIENCY_CASES: list[Case] = _saliency_cases()
+
+
+ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])

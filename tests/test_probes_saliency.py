@@ -1,0 +1,519 @@
+"""Grad-CAM, the outside-the-cell mass and the randomised-head check (`probes.saliency`).
+
+References: captum's `LayerGradCam` (CNNs, and a ViT through an identity module on the patch
+grid), a per-crop hand computation with plain autograd, scipy's `spearmanr`, nets with
+hand-set weights whose maps are known exactly, and numpy formulas.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import probes
+from probes import saliency
+from probes.base import ROW_COLUMNS, DiagnosticContext, DiagnosticError
+from probes.saliency import (
+    cascade_blocks,
+    fast_path_reason,
+    gradcam,
+    outside_mass,
+    preserved_state,
+    randomized_head_check,
+    spearman,
+)
+from shortcutlab.adapter import create_model, wrap
+
+
+# ------------------------------------------------------------------------------ models
+class TinyNet(nn.Module):
+    """conv -> relu -> conv(stride 2) -> relu (cam layer, 16 x 16 at 32 px) -> GAP -> linear."""
+
+    def __init__(self, k: int = 3, head: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.act1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.act2 = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = head if head is not None else nn.Linear(16, k)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.act2(self.conv2(self.act1(self.conv1(x))))).flatten(1))
+
+
+def tiny(seed: int = 0, head: nn.Module | None = None):
+    torch.manual_seed(seed)
+    model = TinyNet(head=head).eval()
+    return wrap(model, head="fc", cam_layer="act2", mean=0.5, std=0.25)
+
+
+@functools.lru_cache(maxsize=None)
+def _timm_state(name: str, seed: int, kw: tuple):
+    torch.manual_seed(seed)
+    return create_model(name, num_classes=5, **dict(kw)).eval()
+
+
+def timm_adapter(name: str, seed: int = 0, **kw):
+    """A fresh adapter over a cached random-init timm model (building resnet18 costs more than copying)."""
+    import copy
+
+    return wrap(copy.deepcopy(_timm_state(name, seed, tuple(sorted(kw.items())))))
+
+
+VIT = dict(img_size=32, patch_size=8)  # a 4 x 4 patch grid
+MODELS = {
+    "resnet18": (lambda: timm_adapter("resnet18"), 64),
+    "efficientnet_b0": (lambda: timm_adapter("efficientnet_b0"), 64),
+    "test_vit": (lambda: timm_adapter("test_vit", **VIT), 32),
+}
+
+
+def batch(n: int, size: int, seed: int = 0) -> torch.Tensor:
+    return torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def state_copy(adapter) -> dict:
+    return {k: v.detach().clone() for k, v in adapter.model.state_dict().items()}
+
+
+def assert_same_state(adapter, before: dict) -> None:
+    after = adapter.model.state_dict()
+    assert list(after) == list(before)
+    for k, v in before.items():
+        assert after[k].dtype == v.dtype and torch.equal(after[k], v), k
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4) -> None:
+    scale = float(b.abs().max()) or 1.0
+    torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * scale)
+
+
+# -------------------------------------------------------------------- references
+def hand_gradcam(adapter, x: torch.Tensor, targets: torch.Tensor, prefix: int = 0, grid=None) -> torch.Tensor:
+    """Grad-CAM one crop at a time with plain autograd on the cam_layer's real output."""
+    out = []
+    for i in range(x.shape[0]):
+        store = {}
+
+        def hook(m, inp, o):
+            o.retain_grad()
+            store["a"] = o
+
+        h = adapter.cam_layer.register_forward_hook(hook)
+        try:
+            logits = adapter.logits(x[i : i + 1])
+            logits[0, int(targets[i])].backward()
+        finally:
+            h.remove()
+        a, g = store["a"].detach(), store["a"].grad
+        if a.dim() == 3:  # ViT tokens (1, N, C): drop the class token, lay patches row-major on the grid
+            c = a.shape[-1]
+            a = a[:, prefix:, :].reshape(1, grid[0], grid[1], c).permute(0, 3, 1, 2)
+            g = g[:, prefix:, :].reshape(1, grid[0], grid[1], c).permute(0, 3, 1, 2)
+        w = g.mean(dim=(2, 3), keepdim=True)
+        cam = F.relu((w * a).sum(dim=1, keepdim=True))
+        out.append(F.interpolate(cam, size=x.shape[-2:], mode="bilinear", align_corners=False)[:, 0])
+        adapter.model.zero_grad(set_to_none=True)
+    return torch.cat(out)
+
+
+def captum_gradcam(adapter, layer, x, targets) -> torch.Tensor:
+    from captum.attr import LayerAttribution, LayerGradCam
+
+    attr = LayerGradCam(adapter, layer).attribute(x, target=targets, relu_attributions=True)
+    up = LayerAttribution.interpolate(attr, tuple(x.shape[-2:]), interpolate_mode="bilinear")
+    adapter.model.zero_grad(set_to_none=True)
+    return up[:, 0].detach()
+
+
+# --------------------------------------------------------------------- Grad-CAM maps
+SLOW_EFFNET = pytest.param("efficientnet_b0", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("name", ["resnet18", SLOW_EFFNET])
+def test_gradcam_equals_captum_on_cnns(name):
+    build, size = MODELS[name]
+    adapter = build()
+    x = batch(3, size, seed=1)
+    t = torch.tensor([0, 3, 4])
+    ref = captum_gradcam(adapter, adapter.cam_layer, x, t)
+    assert float(ref.abs().max()) > 0
+    for path in ("auto", "autograd"):  # auto takes the fast path on these
+        ours = gradcam(adapter, x, t, path=path)
+        assert ours.shape == (3, size, size) and bool((ours >= 0).all())
+        close(ours, ref)
+
+
+@pytest.mark.parametrize("name", ["resnet18", SLOW_EFFNET, "test_vit"])
+def test_gradcam_equals_hand_autograd(name):
+    build, size = MODELS[name]
+    adapter = build()
+    x = batch(3, size, seed=2)
+    t = torch.tensor([1, 2, 0])
+    lay = adapter.token_layout
+    ref = hand_gradcam(adapter, x, t, prefix=lay.num_prefix_tokens, grid=(size // 8, size // 8))
+    assert float(ref.abs().max()) > 0
+    close(gradcam(adapter, x, t), ref)
+
+
+class _Grid(nn.Module):
+    """Identity on a (B, C, h, w) map: the layer captum attributes to, for a token model."""
+
+    def forward(self, a):
+        return a
+
+
+def test_gradcam_vit_equals_captum_through_a_grid_module():
+    adapter = timm_adapter("test_vit", **VIT)
+    x = batch(3, 32, seed=3)
+    t = torch.tensor([4, 0, 2])
+    grid = _Grid()
+    prefix = adapter.token_layout.num_prefix_tokens
+
+    def regrid(module, inp, out):  # tokens -> grid -> identity -> tokens: captum sees the grid
+        b, n, c = out.shape
+        patches = grid(out[:, prefix:, :].transpose(1, 2).reshape(b, c, 4, 4))
+        return torch.cat([out[:, :prefix, :], patches.reshape(b, c, n - prefix).transpose(1, 2)], dim=1)
+
+    h = adapter.cam_layer.register_forward_hook(regrid)
+    try:
+        ref = captum_gradcam(adapter, grid, x, t)
+    finally:
+        h.remove()
+    assert float(ref.abs().max()) > 0
+    close(gradcam(adapter, x, t), ref)
+
+
+def test_upsample_options_and_predicted_targets():
+    adapter = tiny()
+    x = batch(4, 32)
+    low = gradcam(adapter, x, None, upsample=None)
+    assert low.shape == (4, 16, 16)
+    torch.testing.assert_close(gradcam(adapter, x, None), F.interpolate(low[:, None], size=(32, 32), mode="bilinear", align_corners=False)[:, 0])
+    torch.testing.assert_close(gradcam(adapter, x, None, upsample="nearest"), F.interpolate(low[:, None], size=(32, 32), mode="nearest")[:, 0])
+    pred = adapter.logits(x).argmax(1)
+    torch.testing.assert_close(gradcam(adapter, x, None), gradcam(adapter, x, pred))
+    torch.testing.assert_close(gradcam(adapter, x, 2), gradcam(adapter, x, [2, 2, 2, 2]))
+    signed = gradcam(adapter, x, 0, relu=False, upsample=None)
+    assert bool((signed < 0).any())
+    torch.testing.assert_close(gradcam(adapter, x, 0, upsample=None), signed.clamp_min(0))
+    assert all(p.grad is None for p in adapter.parameters())
+
+
+# -------------------------------------------------------------------------- fast path
+@pytest.mark.parametrize("build,size", [(lambda: timm_adapter("resnet18"), 64), (tiny, 32)], ids=["resnet18", "hand_cnn"])
+def test_fast_path_equals_autograd(build, size):
+    adapter = build()
+    x = batch(4, size, seed=5)
+    assert fast_path_reason(adapter, x) is None
+    t = torch.tensor([0, 1, 2, 2])
+    for relu in (True, False):
+        fast = gradcam(adapter, x, t, path="fast", relu=relu)
+        slow = gradcam(adapter, x, t, path="autograd", relu=relu)
+        torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5 * float(slow.abs().max()))
+    for k in (0, 1):
+        f = randomized_head_check(adapter, x, None, seed=3, cascade=k, path="fast")
+        s = randomized_head_check(adapter, x, None, seed=3, cascade=k, path="autograd")
+        assert f.path == "fast" and s.path == "autograd"
+        scale = float(s.randomized_maps.abs().max())
+        torch.testing.assert_close(f.randomized_maps, s.randomized_maps, rtol=1e-5, atol=1e-5 * scale)
+        # rho ranks near-equal pixels of bilinear maps, whose order float rounding may swap
+        np.testing.assert_allclose(f.spearman.numpy(), s.spearman.numpy(), atol=1e-4)
+
+
+def test_fast_path_is_detected_not_assumed():
+    x32 = batch(2, 32)
+    assert "nn.Linear" in fast_path_reason(tiny(head=nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))), x32)
+    vit = timm_adapter("test_vit", **VIT)  # class-token pooling: features are not a mean of the map
+    assert "spatial mean" in fast_path_reason(vit, x32)
+    with pytest.raises(DiagnosticError, match="fast path does not apply"):
+        gradcam(vit, x32, None, path="fast")
+    adapter = tiny()
+    adapter.train()
+    assert "training mode" in fast_path_reason(adapter, x32)
+    adapter.eval()
+    # a map that is not what the head pools: features from conv2 pooled (before the ReLU)
+    torch.manual_seed(0)
+    model = TinyNet().eval()
+    odd = wrap(model, head="fc", feature_layer="pool", cam_layer="conv2", mean=0.5, std=0.25)
+    assert "spatial mean" in fast_path_reason(odd, x32)
+    x = batch(3, 32)
+    torch.testing.assert_close(gradcam(odd, x, 1), hand_gradcam(odd, x, torch.tensor([1, 1, 1])), rtol=1e-4, atol=1e-6)
+
+
+class _SteepPool(nn.Module):
+    """The spatial mean in value, twice its derivative: values alone cannot tell it from a mean."""
+
+    def forward(self, a):
+        m = a.mean(dim=(2, 3), keepdim=True)
+        return 2 * m - m.detach()
+
+
+def test_fast_path_checks_the_derivative_not_only_values():
+    adapter = tiny()
+    adapter.model.pool = _SteepPool()
+    x = batch(3, 32, seed=6)
+    assert "gradient" in fast_path_reason(adapter, x)
+    t = torch.tensor([0, 1, 2])
+    auto = gradcam(adapter, x, t)  # auto falls back to autograd: the true Grad-CAM
+    torch.testing.assert_close(auto, hand_gradcam(adapter, x, t), rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(gradcam(adapter, x, t, path="fast") * 2, auto, rtol=1e-4, atol=1e-7)  # values-only check is fooled
+    assert randomized_head_check(adapter, x, t, seed=1).path == "autograd"
+
+
+# ---------------------------------------------------------------------- outside mass
+class Evidence(nn.Module):
+    """Evidence = brightness: a (3 -> 1) averaging conv (stride `s`), ReLU, GAP, then a linear
+    head whose class 0 weighs brightness +1 and class 1 weighs it -1."""
+
+    def __init__(self, s: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 1, s, stride=s, bias=False)
+        self.act = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(1, 2)
+        with torch.no_grad():
+            self.conv.weight.fill_(1.0 / (3 * s * s))
+            self.fc.weight.copy_(torch.tensor([[1.0], [-1.0]]))
+            self.fc.bias.zero_()
+
+    def forward(self, x):
+        return self.fc(self.pool(self.act(self.conv(x))).flatten(1))
+
+
+def squares(size: int = 32, lo: int = 8, hi: int = 24):
+    inside = torch.zeros(1, 1, size, size)
+    inside[..., lo:hi, lo:hi] = 1
+    bright_out = (1 - inside).expand(1, 3, size, size).clone()  # evidence wholly outside the square
+    bright_in = inside.expand(1, 3, size, size).clone()
+    return bright_out, bright_in, inside
+
+
+@pytest.mark.parametrize(
+    "stride,upsample,tol",
+    [(1, "bilinear", 1e-6), (4, "nearest", 1e-6), (4, "bilinear", 0.15)],
+    ids=["full_res", "stride4_nearest", "stride4_bilinear"],
+)
+def test_outside_mass_of_hand_set_evidence(stride, upsample, tol):
+    adapter = wrap(Evidence(stride).eval(), head="fc", cam_layer="act", mean=0, std=1)
+    out_x, in_x, mask = squares()  # the square's edges fall on the stride-4 grid
+    x = torch.cat([out_x, in_x])
+    m = mask.expand(2, 1, 32, 32)
+    for path in ("fast", "autograd"):
+        maps = gradcam(adapter, x, 0, path=path, upsample=upsample)
+        om = outside_mass(maps, m)
+        # bilinear upsampling spreads a 4-px cell's evidence about 2 px across the edge
+        assert om[0] == pytest.approx(1.0, abs=tol) and om[1] == pytest.approx(0.0, abs=tol)
+        # class 1 counts brightness against itself: no positive attribution, NaN, not 0
+        assert torch.isnan(outside_mass(gradcam(adapter, x, 1, path=path, upsample=upsample), m)).all()
+
+
+def test_outside_mass_formula_soft_masks_and_edge_cases():
+    g = torch.Generator().manual_seed(0)
+    maps = torch.randn(5, 6, 7, generator=g)
+    masks = torch.rand(5, 1, 6, 7, generator=g)
+    p, w = maps.clamp_min(0).double().numpy(), 1 - masks[:, 0].double().numpy()
+    ref = (p * w).sum((1, 2)) / p.sum((1, 2))
+    np.testing.assert_allclose(outside_mass(maps, masks).numpy(), ref, rtol=1e-12)
+    np.testing.assert_allclose(outside_mass(maps, masks[:, 0] > 0.5).numpy(), (p * (masks[:, 0] <= 0.5).numpy()).sum((1, 2)) / p.sum((1, 2)))
+    full = torch.ones(5, 1, 6, 7)
+    assert torch.equal(outside_mass(maps.abs() + 0.1, full), torch.zeros(5, dtype=torch.float64))
+    zero = maps.clone()
+    zero[1] = -zero[1].abs()  # nothing positive
+    with pytest.warns(RuntimeWarning, match="1 of 5 masks have no cell pixel"):
+        empty = masks.clone()
+        empty[3] = 0
+        om = outside_mass(zero, empty)
+    assert math.isnan(om[1]) and math.isnan(om[3]) and np.isfinite(om[[0, 2, 4]].numpy()).all()
+
+
+# --------------------------------------------------------------------------- Spearman
+def test_spearman_equals_scipy_with_ties_and_nan_for_constant_maps():
+    from scipy.stats import spearmanr
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randint(0, 4, (6, 5, 5), generator=g).float()  # heavy ties, as after a ReLU
+    b = torch.randint(0, 6, (6, 5, 5), generator=g).float()
+    b[2] = a[2] * 2 + 1
+    a[5] = 0.0
+    rho = spearman(a, b)
+    for i in range(5):
+        ref = spearmanr(a[i].flatten().numpy(), b[i].flatten().numpy()).statistic
+        assert rho[i] == pytest.approx(ref, abs=1e-12)
+    assert rho[2] == pytest.approx(1.0) and math.isnan(rho[5])
+
+
+# -------------------------------------------------------------- randomised-head check
+@pytest.mark.parametrize("build,size", [(lambda: timm_adapter("resnet18"), 64), (tiny, 32)], ids=["resnet18", "hand_cnn"])
+def test_unchanged_head_gives_one_and_a_new_head_less(build, size):
+    adapter = build()
+    x = batch(6, size, seed=7)
+    with preserved_state(adapter):
+        adapter.reset_head(11)  # the "trained" head is what reset_head(11) draws: re-drawing it changes nothing
+        same = randomized_head_check(adapter, x, None, seed=11)
+        assert torch.equal(same.maps, same.randomized_maps)
+        finite = same.spearman[torch.isfinite(same.spearman)]
+        assert finite.numel() >= 4 and torch.allclose(finite, torch.ones_like(finite))
+    other = randomized_head_check(adapter, x, None, seed=12)
+    assert other.median_spearman < 0.99
+    assert other.random_pair_spearman.shape == (6,)
+    torch.testing.assert_close(other.random_pair_spearman, spearman(other.maps, other.maps.roll(-1, 0)))
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("cascade", [0, 2])
+def test_weights_identical_after_check(mode, cascade):
+    adapter = timm_adapter("resnet18")
+    getattr(adapter, mode)()
+    x = batch(4, 64, seed=8)
+    m = squares(64, 16, 48)[2].expand(4, 1, 64, 64)
+    before = state_copy(adapter)
+    modes = [mod.training for mod in adapter.modules()]
+    check = randomized_head_check(adapter, x, None, m, seed=5, cascade=cascade)
+    assert check.path == ("fast" if mode == "eval" else "autograd")
+    assert check.cascade_blocks == ("layer4.1", "layer4.0")[:cascade]
+    assert not torch.equal(check.maps, check.randomized_maps)
+    assert check.outside_mass.shape == (4,) and check.randomized_outside_mass.shape == (4,)
+    assert_same_state(adapter, before)
+    assert [mod.training for mod in adapter.modules()] == modes
+    assert all(p.grad is None for p in adapter.parameters())
+
+
+def test_weights_identical_after_an_error_midway(monkeypatch):
+    adapter = timm_adapter("resnet18")
+    x = batch(3, 64)
+    before = state_copy(adapter)
+    seen = []
+    real = saliency._cams
+
+    def second_pass_fails(adapter_, *a, **k):  # the pass after the head and a block were re-initialised
+        if seen:
+            seen.append(adapter_.head.weight.detach().clone())
+            raise RuntimeError("boom")
+        seen.append(None)
+        return real(adapter_, *a, **k)
+
+    monkeypatch.setattr(saliency, "_cams", second_pass_fails)
+    with pytest.raises(RuntimeError, match="boom"):
+        randomized_head_check(adapter, x, None, seed=1, cascade=1)
+    assert len(seen) == 2 and not torch.equal(seen[1], before["fc.weight"])  # it did fail mid-way
+    assert_same_state(adapter, before)
+
+
+def test_cascade_blocks_from_the_top():
+    assert cascade_blocks(timm_adapter("resnet18"), batch(1, 64))[:3] == ["layer4.1", "layer4.0", "layer3.1"]
+    assert cascade_blocks(timm_adapter("test_vit", **VIT), batch(1, 32))[:3] == ["norm", "blocks.5", "blocks.4"]
+    blocks = cascade_blocks(tiny(), batch(1, 32))
+    assert blocks == ["conv2", "conv1"]
+    adapter = tiny()
+    x = batch(4, 32, seed=9)
+    c0, c1 = (randomized_head_check(adapter, x, None, seed=2, cascade=k) for k in (0, 1))
+    assert torch.equal(c0.maps, c1.maps) and not torch.equal(c0.randomized_maps, c1.randomized_maps)
+    with pytest.raises(DiagnosticError, match="cascade=3 asks for more blocks"):
+        randomized_head_check(adapter, x, None, seed=2, cascade=3)
+
+
+def test_vit_randomized_head_check_uses_autograd_and_restores():
+    adapter = timm_adapter("test_vit", **VIT)
+    x = batch(4, 32, seed=4)
+    before = state_copy(adapter)
+    check = randomized_head_check(adapter, x, None, seed=0, cascade=1)
+    assert check.path == "autograd" and check.cascade_blocks == ("norm",)
+    assert check.maps.shape == (4, 32, 32)
+    assert_same_state(adapter, before)
+
+
+# ------------------------------------------------------------------------ diagnostic
+def _context(n_parents: int = 6, per: int = 4, size: int = 32):
+    from shortcutlab import CropTable
+    from shortcutlab.data import CropImages
+
+    n = n_parents * per
+    df = pd.DataFrame({
+        "id": [f"c{i:03d}" for i in range(n)],
+        "label": [f"k{(i // per) % 3}" for i in range(n)],
+        "parent": [f"p{i // per}" for i in range(n)],
+    })
+    table = CropTable.from_frame(df, id="id", label="label", parent="parent")
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
+    masks = torch.zeros(n, 1, size, size, dtype=torch.bool)
+    masks[..., 8:24, 8:24] = True
+    masks[0] = False  # one failed segmentation
+    side = np.where(np.arange(n) % 2 == 0, 2, 0)
+    side[0] = 2
+    return DiagnosticContext(tiny(), CropImages(images, masks, table), side, run_id="r1", batch_size=5, seed=3)
+
+
+def test_gradcam_diagnostic_rows():
+    assert "gradcam" in probes.available("masks")
+    ctx = _context()
+    before = state_copy(ctx.adapter)
+    diag = probes.get("gradcam", cascade=(0, 1), n_boot=200)
+    assert diag.missing(ctx) is None
+    with pytest.warns(RuntimeWarning, match="1 of 12 test masks"):
+        rows = diag.run(ctx)
+    assert_same_state(ctx.adapter, before)
+    frame = pd.DataFrame(rows)
+    assert set(ROW_COLUMNS) <= set(frame.columns) and (frame["diagnostic"] == "gradcam").all()
+    got = {(r["metric"], r["setting"]): r for r in rows}
+    om = got[("outside_mass", "target=predicted")]
+    test = ctx.test_idx
+    x, m = ctx.crops.float_batch(torch.from_numpy(test))
+    ref = outside_mass(gradcam(ctx.adapter, x, None), m, warn=False).numpy()
+    assert om["n"] == np.isfinite(ref).sum() == 11
+    assert om["value"] == pytest.approx(np.nanmean(ref), rel=1e-6)
+    assert om["ci_low"] <= om["value"] <= om["ci_high"]
+    assert got[("outside_mass_median", "target=predicted")]["value"] == pytest.approx(np.nanmedian(ref), rel=1e-6)
+    assert got[("empty_masks", "target=predicted")]["value"] == 1
+    assert got[("nan_maps", "target=predicted")]["n"] == 12
+    for k in (0, 1):
+        r = got[("randomized_head_spearman", f"target=predicted,cascade={k}")]
+        assert -1 <= r["value"] <= 1 and r["n"] + got[("randomized_nan", f"target=predicted,cascade={k}")]["value"] == 12
+        assert ("randomized_outside_mass", f"target=predicted,cascade={k}") in got
+    pair = got[("random_pair_spearman", "target=predicted")]
+    assert pair["n"] > 0 and -1 <= pair["value"] <= 1
+    # per-crop rho does not depend on the batching: one unbatched check gives the same median
+    assert got[("randomized_head_spearman", "target=predicted,cascade=0")]["value"] == pytest.approx(
+        float(np.nanmedian(randomized_head_check(ctx.adapter, x, None, seed=3).spearman.numpy())), abs=1e-9
+    )
+    with pytest.warns(RuntimeWarning, match="no cell pixel"):
+        labelled = probes.get("gradcam", target="label", cascade=0, n_boot=0).run(ctx)
+    assert {r["setting"] for r in labelled} >= {"target=label", "target=label,cascade=0"}
+    assert all(math.isnan(r["ci_low"]) for r in labelled)
+
+
+def test_gradcam_diagnostic_bad_settings():
+    with pytest.raises(DiagnosticError, match="target"):
+        probes.get("gradcam", target="truth")
+    with pytest.raises(DiagnosticError, match="cascade"):
+        probes.get("gradcam", cascade=(-1,))
+    with pytest.raises(DiagnosticError, match="upsample"):
+        probes.get("gradcam", upsample=None)
+
+
+def test_parent_bootstrap_intervals_match_closed_forms():
+    from probes.saliency import _cluster_bootstrap
+
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=400)
+    half = 1.96 * v.std(ddof=1) / math.sqrt(len(v))
+    for stat, width in (("mean", 2 * half), ("median", 2 * half * math.sqrt(math.pi / 2))):  # iid: one crop per parent
+        lo, hi = _cluster_bootstrap(v, np.arange(400), stat, n_boot=2000, seed=1)
+        assert lo < np.mean(v) < hi and (hi - lo) == pytest.approx(width, rel=0.2)
+    # 40 parents of 10 identical siblings: as wide as 40 independent crops, not 400
+    c = np.repeat(np.arange(40), 10)
+    w = np.repeat(rng.normal(size=40), 10)
+    lo, hi = _cluster_bootstrap(w, c, "mean", n_boot=2000, seed=1)
+    assert (hi - lo) == pytest.approx(2 * 1.96 * w[::10].std(ddof=1) / math.sqrt(40), rel=0.2)
+    nan = np.where(np.arange(400) % 7 == 0, np.nan, v)
+    assert np.isfinite(_cluster_bootstrap(nan, np.arange(400), "median", n_boot=200, seed=1)).all()
+    assert all(math.isnan(b) for b in _cluster_bootstrap(np.full(5, np.nan), np.arange(5), "mean", n_boot=200, seed=1))
