@@ -6,15 +6,19 @@ by name (`available`, `get`) as for interventions; plug-ins join through the ent
 ``shortcutlab.diagnostics``.
 
 Frozen features come from `extract_features` (batched, cached on disk by weights and crops).
+Parent recoverability R (a within-class, held-out-sibling logistic probe) is `ParentProbe`.
 """
 
 from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, row
 from .features import extract_features, weights_hash
+from .parent_probe import ParentProbe, ParentProbeDiagnostic, sibling_folds, wilson_interval
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "NEEDS",
+    "ParentProbe",
+    "ParentProbeDiagnostic",
     "ROW_COLUMNS",
     "Diagnostic",
     "DiagnosticContext",
@@ -26,6 +30,8 @@ __all__ = [
     "load_entry_points",
     "register",
     "row",
+    "sibling_folds",
     "unregister",
     "weights_hash",
+    "wilson_interval",
 ]
