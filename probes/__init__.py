@@ -6,17 +6,24 @@ by name (`available`, `get`) as for interventions; plug-ins join through the ent
 ``shortcutlab.diagnostics``.
 
 Frozen features come from `extract_features` (batched, cached on disk by weights and crops).
-Parent recoverability R (a within-class, held-out-sibling logistic probe) is `ParentProbe`.
+Parent recoverability R (a within-class, held-out-sibling logistic probe) is `ParentProbe`;
+`LeaceErasure` erases the parent code (concept-erasure's LEACE, rank-limited, within class),
+`refit_head` trains a head on erased features and `erasure_check` runs the paper's F5 check.
 """
 
 from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, row
 from .features import extract_features, weights_hash
+from .leace import ErasureCheck, HeadRefit, LeaceDiagnostic, LeaceErasure, erasure_check, refit_head
 from .parent_probe import ParentProbe, ParentProbeDiagnostic, sibling_folds, wilson_interval
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "NEEDS",
+    "ErasureCheck",
+    "HeadRefit",
+    "LeaceDiagnostic",
+    "LeaceErasure",
     "ParentProbe",
     "ParentProbeDiagnostic",
     "ROW_COLUMNS",
@@ -24,10 +31,12 @@ __all__ = [
     "DiagnosticContext",
     "DiagnosticError",
     "available",
+    "erasure_check",
     "extract_features",
     "get",
     "get_class",
     "load_entry_points",
+    "refit_head",
     "register",
     "row",
     "sibling_folds",
