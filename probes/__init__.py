@@ -8,9 +8,12 @@ by name (`available`, `get`) as for interventions; plug-ins join through the ent
 Frozen features come from `extract_features` (batched, cached on disk by weights and crops).
 Parent recoverability R (a within-class, held-out-sibling logistic probe) is `ParentProbe`;
 `LeaceErasure` erases the parent code (concept-erasure's LEACE, rank-limited, within class),
-`refit_head` trains a head on erased features and `erasure_check` runs the paper's F5 check.
+`refit_head` trains a head on erased features and `erasure_check` runs the paper's F5 check;
+`LinearAdversary` / `adversary_check` are the probe-matched linear adversary (F7), and
+`remeasure_R` re-probes a model trained with a gradient-reversal adversary (H5).
 """
 
+from .adversary import AdversaryCheck, LinearAdversary, LinearAdversaryDiagnostic, adversary_check, remeasure_R
 from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, row
 from .features import extract_features, weights_hash
 from .leace import ErasureCheck, HeadRefit, LeaceDiagnostic, LeaceErasure, erasure_check, refit_head
@@ -18,18 +21,21 @@ from .parent_probe import ParentProbe, ParentProbeDiagnostic, sibling_folds, wil
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
 
 __all__ = [
-    "ENTRY_POINT_GROUP",
+    "AdversaryCheck",    "ENTRY_POINT_GROUP",
     "NEEDS",
     "ErasureCheck",
     "HeadRefit",
     "LeaceDiagnostic",
     "LeaceErasure",
+    "LinearAdversary",
+    "LinearAdversaryDiagnostic",
     "ParentProbe",
     "ParentProbeDiagnostic",
     "ROW_COLUMNS",
     "Diagnostic",
     "DiagnosticContext",
     "DiagnosticError",
+    "adversary_check",
     "available",
     "erasure_check",
     "extract_features",
@@ -38,6 +44,7 @@ __all__ = [
     "load_entry_points",
     "refit_head",
     "register",
+    "remeasure_R",
     "row",
     "sibling_folds",
     "unregister",
