@@ -32,11 +32,17 @@ _SMALL_PRODUCT = 20_000_000
 
 def blas_threads(size: int):
     """One BLAS thread for small products, the library's default otherwise."""
+    global _CONTROLLER
     if size >= _SMALL_PRODUCT:
         return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
+    if _CONTROLLER is None:  # scanning the loaded libraries costs milliseconds: once
+        from threadpoolctl import ThreadpoolController
 
-    return threadpool_limits(limits=1, user_api="blas")
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=1, user_api="blas")
+
+
+_CONTROLLER = None
 
 
 @contextlib.contextmanager

@@ -70,7 +70,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._logistic import fit_multinomial, standardise
+from ._logistic import fit_multinomial, standardise, torch_threads
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
 from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, probe_rows
 from .registry import register
@@ -230,9 +230,11 @@ class LeaceErasure:
         x = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))
         fitter = LeaceFitter(X.shape[1], z.shape[1], method="leace", affine=True, constrain_cov_trace=bool(self.constrain_cov_trace),
                              dtype=torch.float64, shrinkage=bool(self.shrinkage), svd_tol=float(self.svd_tol))
-        fitter.update(x, torch.from_numpy(z))
-        self.fitter_ = fitter
-        self.eraser_, self.singular_values_, self.rank_, self.trace_constrained_ = build_eraser(fitter, self.rank)
+        N, D = X.shape
+        with torch_threads(N * D * (D + z.shape[1]) + D**3):
+            fitter.update(x, torch.from_numpy(z))
+            self.fitter_ = fitter
+            self.eraser_, self.singular_values_, self.rank_, self.trace_constrained_ = build_eraser(fitter, self.rank)
         self.n_parents_ = n_par
         self.n_features_in_ = X.shape[1]
         return self
@@ -253,7 +255,8 @@ class LeaceErasure:
         arr = X.detach().cpu().numpy() if is_torch else np.asarray(X)
         if arr.ndim != 2 or arr.shape[1] != self.n_features_in_:
             raise DiagnosticError(f"LeaceErasure was fitted on {self.n_features_in_} features; transform got shape {arr.shape}")
-        out = self.eraser_(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))).numpy()
+        with torch_threads(arr.shape[0] * arr.shape[1] * max(self.rank_, 1) * 2):
+            out = self.eraser_(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))).numpy()
         dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.float64
         out = out.astype(dtype, copy=False)
         return torch.from_numpy(out).to(X.device) if is_torch else out
