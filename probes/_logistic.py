@@ -45,16 +45,19 @@ def blas_threads(size: int):
 _CONTROLLER = None
 
 
+# Multiply-adds per step below which torch runs on one thread. torch's OpenMP threads spin
+# against other processes: on a loaded 2-core machine a 200-step adversary on 250 x 32
+# features took 6-25 s with two threads and 0.3-2 s with one, and 100 steps on 4,000 x 512
+# features (120 M multiply-adds a step) 9.4 s with two and 1.8 s with one.
+_SMALL_TORCH_STEP = 1_000_000_000
+
+
 @contextlib.contextmanager
 def torch_threads(size: int):
-    """One torch thread for small products (as `blas_threads`), restored afterwards.
-
-    On a loaded 2-core machine a 200-step adversary on 250 x 32 features took 6-25 s with two
-    OpenMP threads and 0.3-2 s with one.
-    """
+    """One torch thread for work below `_SMALL_TORCH_STEP` multiply-adds, restored afterwards."""
     import torch
 
-    if size >= _SMALL_PRODUCT:
+    if size >= _SMALL_TORCH_STEP:
         yield
         return
     before = torch.get_num_threads()
