@@ -4,7 +4,6 @@ registered diagnostic."""
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pandas as pd
