@@ -1,0 +1,553 @@
+"""Parent recoverability R: can a linear probe name a crop's parent from its frozen features?
+
+R (main paper, F5-F8) is the **within-class** accuracy of a multinomial logistic probe that
+predicts the acquisition parent (microscope field, slide) of a crop from a model's frozen pooled
+features, scored on **held-out siblings**:
+
+- **Within class.** One probe per class, choosing among the parents that hold crops of that
+  class. Knowing the class alone already names the parent with probability
+  ``floor = sum_c max_p n_{c,p} / sum_c n_c`` (always naming the class's largest parent,
+  crop-weighted over classes; computed over exactly the crops R is scored on).
+  ``above_floor = R - floor`` is what the features add.
+- **Held-out siblings.** Folds are drawn inside each (class, parent) cell: the cell's n >= 2
+  crops, shuffled, take folds ``(o, o + 1, ...) mod k`` from a random offset o, so a fold
+  holds at most ``ceil(n / k) < n`` of them and every scored crop's parent was seen in fitting
+  through its other crops. Every probed crop is scored once, by the probe fitted without its
+  fold.
+- **R** = correct / scored crops over all classes, i.e. the per-class accuracies averaged with
+  weights equal to each class's scored crops. The interval is Wilson's score interval for a
+  binomial proportion with n = scored crops; siblings are not independent trials, so it is
+  narrower than a parent-level (cluster) interval would be.
+- **Cannot be probed**: a (class, parent) cell with one crop (no sibling to learn from) and a
+  class with fewer than two such cells (nothing to choose between). Their crops are excluded,
+  counted (``n_singleton_parents_``, ``n_single_parent_classes_``, ``n_excluded_``) and
+  announced with a warning, never dropped silently.
+
+**The probe.** Features are standardised on each fit's training rows (constant columns keep
+scale 1) and scikit-learn's ``LogisticRegression(C=C, tol=tol, max_iter=max_iter)`` objective
+is minimised (multinomial cross-entropy + ||W||^2 / (2 C n), unpenalised intercept; see
+`probes._logistic`), with float32 matrix products.
+
+The stopping rule is scikit-learn's default (largest gradient entry below ``tol=1e-4``). With
+hundreds of parents per class the gradient entries are small (order 1/parents), so fits at
+C >= 1 stop after a few iterations, well before the optimum: there early stopping, not C, is
+the regulariser (on the benchmark's features R was 0.327 at C=1 with ``tol=1e-4`` and 0.296
+at ``tol=1e-6``; at C=0.01, 0.304 either way). R is therefore defined by the fit as specified
+here, ``LogisticRegression(C, tol)``, as scikit-learn users run it; lower ``tol`` for probes at
+convergence (slower).
+
+**Choosing C: a nested inner split.** The folds are paired, (0, 1), (2, 3), ... (an odd last
+fold pairs with its predecessor). For a pair {f, g}, an inner probe is fitted on the other
+folds for each C of ``Cs`` (smallest first, each warm-started from the previous one) and scored
+on fold g's crops whose parent it saw; that accuracy (ties: the smaller C) picks C for outer
+fold f, and fold f's accuracy picks C for fold g. So the crops a probe is scored on never
+influence its C. The outer probe of fold f then starts from the inner probe at its C, which was
+fitted without fold f: the warm start only saves iterations and cannot leak fold f. With one
+value in ``Cs`` there is no inner split. The inner probes train on (k - 2) / k of the crops
+(half, for k = 4) and the C path stops early once both of a pair's folds score lower than at a
+smaller C.
+
+**Cost.** On 10,000 x 512 features, 1,000 parents in 4 classes (``benchmarks/
+bench_parent_probe.py``, a loaded 2-core machine) the full evaluation took 1.75x the time of
+one default scikit-learn fit per class on all crops (35 vs 20 CPU seconds), and 0.33x with one
+fixed C (no inner split): the inner split's C path and the outer refits at the small C it
+picks (about 10 L-BFGS iterations, against 4 at C = 1) are the cost. Each evaluation of the
+objective runs its two matrix products in float32, 2-3x cheaper than scikit-learn's float64
+one; PCA was not used (it changes R when the parent code lies off the top-variance
+directions).
+
+**Cross-fitting a transform.** `fit` accepts ``cross_fit=fn``: ``fn(mask)`` returns features of
+every crop under a map (an eraser, an adversary) fitted only on the crops where the boolean
+``mask`` is True. Every probe, inner and outer, then reads features from a map fitted without
+the crops it is validated or scored on. A map fitted on all crops would push each held-out
+sibling away from its own parent's other crops and drive R below the floor (an artefact, not a
+success).
+
+Probes establish availability, not use: a recoverable parent says the features could carry the
+leak, not that the classifier relies on it.
+
+Example:
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> parents = np.repeat(np.arange(24), 6)                 # 24 parents, 6 crops each
+    >>> labels = parents % 2                                  # 2 classes, 12 parents each
+    >>> X = 2.0 * rng.normal(size=(24, 8))[parents] + rng.normal(size=(144, 8))
+    >>> probe = ParentProbe(n_folds=4, random_state=0).fit(X, labels, parents)
+    >>> round(probe.floor_, 4), probe.n_scored_, probe.R_ > 0.5
+    (0.0833, 144, True)
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ._logistic import fit_multinomial, standardise
+from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
+from .registry import register
+
+__all__ = ["ParentProbe", "ParentProbeDiagnostic", "check_features", "sibling_folds", "wilson_interval"]
+
+
+# ------------------------------------------------------------------------------ helpers
+def _bad(owner: str, name: str, expected: str, got) -> DiagnosticError:
+    return DiagnosticError(f"The {name!r} parameter of {owner} must be {expected}. Got {got!r} instead.")
+
+
+def _check_int(owner: str, name: str, value, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
+        raise _bad(owner, name, f"an integer >= {lo}", value)
+    return int(value)
+
+
+def _check_positive(owner: str, name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (math.isfinite(value) and value > 0):
+        raise _bad(owner, name, "a finite number > 0", value)
+    return float(value)
+
+
+def _check_fraction(owner: str, name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (0.0 < float(value) < 1.0):
+        raise _bad(owner, name, "a number in (0, 1)", value)
+    return float(value)
+
+
+def check_features(who: str, X, labels=None, parents=None, *, names=("labels", "parents")) -> tuple[np.ndarray, ...]:
+    """Validate (N, D) features and per-crop arrays of the same length; return numpy arrays.
+
+    Args:
+        who: the diagnostic's name, for the message.
+        X: (N, D) numeric features (numpy or torch).
+        labels, parents: optional (N,) arrays (any hashable values).
+        names: how `labels` and `parents` are named in messages.
+
+    Raises:
+        DiagnosticError: X is not a numeric 2-D array, has no column, holds NaN or inf, or an
+            array's length differs from X's rows.
+    """
+    try:
+        import torch
+
+        if isinstance(X, torch.Tensor):
+            X = X.detach().cpu().numpy()
+    except ImportError:  # pragma: no cover
+        pass
+    X = np.asarray(X)
+    if X.ndim != 2 or not (np.issubdtype(X.dtype, np.floating) or np.issubdtype(X.dtype, np.integer)):
+        raise DiagnosticError(f"{who} needs features as a numeric (N, D) array; got shape {X.shape}, dtype {X.dtype}")
+    if X.shape[1] == 0:
+        raise DiagnosticError(f"{who} needs at least one feature column; features have shape {X.shape}")
+    out = [X]
+    for arr, name in zip((labels, parents), names):
+        if arr is None:
+            out.append(None)
+            continue
+        arr = np.asarray(arr)
+        if arr.ndim != 1:
+            raise DiagnosticError(f"{who} needs {name} as a 1-D array (one per crop); got shape {arr.shape}")
+        if len(arr) != X.shape[0]:
+            raise DiagnosticError(f"{who} needs one entry of {name} per feature row; features have {X.shape[0]} rows but {name} has {len(arr)}")
+        out.append(arr)
+    finite = np.isfinite(X).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise DiagnosticError(f"{who} features must be finite; rows {bad[:5].tolist()} hold NaN or inf ({len(bad)} rows)")
+    return tuple(out)
+
+
+def sibling_folds(cells: np.ndarray, n_folds: int, random_state: int | np.random.Generator | None = 0) -> np.ndarray:
+    """Fold of every crop, drawn inside each cell (parent, or (class, parent)); -1 for singletons.
+
+    A cell's n >= 2 crops, in random order, take folds ``(o, o + 1, ...) mod n_folds`` from a
+    random offset o: every fold holds at most ``ceil(n / n_folds) < n`` of them, so each scored
+    crop keeps a sibling in its training set, and fold sizes stay balanced.
+
+    Args:
+        cells: (N,) cell of each crop (any hashable labels).
+        n_folds: k >= 2.
+        random_state: integer seed or numpy Generator.
+
+    Returns:
+        (N,) int64 fold in [0, n_folds), or -1 for crops alone in their cell.
+    """
+    n_folds = _check_int("sibling_folds", "n_folds", n_folds, 2)
+    _, codes, counts = np.unique(np.asarray(cells), return_inverse=True, return_counts=True)
+    codes = codes.reshape(-1)
+    rng = np.random.default_rng(random_state)
+    order = np.lexsort((rng.random(len(codes)), codes))  # crops grouped by cell, shuffled inside
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    rank = np.empty(len(codes), dtype=np.int64)
+    rank[order] = np.arange(len(codes)) - np.repeat(start, counts)
+    offset = rng.integers(0, n_folds, size=len(counts))
+    out = (offset[codes] + rank) % n_folds
+    out[counts[codes] < 2] = -1
+    return out
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion k / n; (nan, nan) when n == 0.
+
+    ``(p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with p = k/n and z the
+    two-sided normal quantile of `confidence`.
+    """
+    from scipy.stats import norm
+
+    if n <= 0:
+        return (math.nan, math.nan)
+    z = float(norm.ppf(0.5 + confidence / 2.0))
+    p = k / n
+    den = 1.0 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def _partner(f: int, k: int) -> int:
+    """The fold whose crops choose C for fold f: ``(f + k // 2) mod k``.
+
+    For even k the pairs {f, f + k/2} are shared both ways, so k/2 inner probes serve all k
+    folds. Pairing folds half a cycle apart (not neighbours) keeps a two-crop parent, whose
+    crops sit in neighbouring folds, in every inner probe's training set.
+    """
+    return (f + k // 2) % k
+
+
+# ------------------------------------------------------------------------------ estimator
+class ParentProbe:
+    """Within-class, held-out-sibling accuracy R of a logistic parent probe (module docstring).
+
+    Args:
+        n_folds: k folds drawn inside each (class, parent) cell; >= 3 when C is chosen (the
+            inner split needs two folds besides the scored one), >= 2 with one C.
+        Cs: candidate inverse L2 strengths (scikit-learn's C, features standardised), chosen
+            per class and fold by the nested inner split; one number: no inner split.
+        tol: L-BFGS gradient tolerance (scikit-learn's ``tol``).
+        max_iter: L-BFGS iterations per fit.
+        random_state: seeds the folds.
+        confidence: coverage of the Wilson interval `ci_`.
+
+    Attributes (fitted):
+        R_: correct / scored crops (within-class parent accuracy), in [0, 1].
+        floor_: the class-only floor over the same crops (largest parent's share per class,
+            crop-weighted over classes).
+        above_floor_: ``R_ - floor_``.
+        ci_: (low, high) Wilson interval of R_.
+        n_scored_: crops scored; n_correct_: crops whose parent was named.
+        n_classes_: classes probed; n_parents_: (class, parent) cells probed.
+        n_singleton_parents_: (class, parent) cells with one crop, excluded.
+        n_single_parent_classes_: classes with fewer than two probe-able parents, excluded.
+        n_excluded_: crops excluded for either reason.
+        per_class_: DataFrame, one row per class that has crops: ``class, n_scored,
+            n_parents, R, floor, above_floor, n_excluded, probed``.
+        folds_: (N,) fold of each crop (-1: excluded).
+        predicted_: (N,) predicted parent (a value of ``parents``; None where excluded),
+            object array.
+        correct_: (N,) bool, the prediction names the crop's parent (False where excluded).
+        C_: DataFrame ``class, fold, C, inner_accuracy, inner_n`` of the C each outer probe used.
+        n_iter_: total L-BFGS iterations over all fits.
+    """
+
+    def __init__(self, n_folds: int = 4, Cs: float | Sequence[float] = (0.01, 0.1, 1.0), tol: float = 1e-4,
+                 max_iter: int = 100, random_state: int = 0, confidence: float = 0.95) -> None:
+        self.n_folds = n_folds
+        self.Cs = Cs
+        self.tol = tol
+        self.max_iter = max_iter
+        self.random_state = random_state
+        self.confidence = confidence
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(n_folds={self.n_folds}, Cs={self.Cs!r}, tol={self.tol}, max_iter={self.max_iter}, "
+                f"random_state={self.random_state}, confidence={self.confidence})")
+
+    # ---------------------------------------------------------------------- settings
+    def _params(self) -> tuple[int, list[float]]:
+        owner = type(self).__name__
+        Cs = [self.Cs] if isinstance(self.Cs, (int, float, np.integer, np.floating)) and not isinstance(self.Cs, bool) else self.Cs
+        try:
+            Cs = [float(_check_positive(owner, "Cs", c)) for c in Cs]
+        except TypeError:
+            raise _bad(owner, "Cs", "a number > 0 or a sequence of them", self.Cs) from None
+        if not Cs:
+            raise _bad(owner, "Cs", "a number > 0 or a non-empty sequence of them", self.Cs)
+        k = _check_int(owner, "n_folds", self.n_folds, 3 if len(Cs) > 1 else 2)
+        _check_positive(owner, "tol", self.tol)
+        _check_int(owner, "max_iter", self.max_iter, 1)
+        if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)) or self.random_state < 0:
+            raise _bad(owner, "random_state", "an integer >= 0", self.random_state)
+        _check_fraction(owner, "confidence", self.confidence)
+        return k, sorted(set(Cs))
+
+    # ---------------------------------------------------------------------- fitting
+    def fit(self, X, labels, parents, *, cross_fit: Callable[[np.ndarray], np.ndarray] | None = None) -> "ParentProbe":
+        """Fit the probes and score every held-out sibling.
+
+        Args:
+            X: (N, D) frozen features (numpy or torch; any float or int dtype), one row per crop.
+            labels: (N,) class of each crop.
+            parents: (N,) parent of each crop.
+            cross_fit: optional ``fn(mask) -> (N, D) features``: the features of every crop
+                under a map fitted only on the crops where the (N,) bool ``mask`` is True
+                (module docstring). When given, `X` is only validated and used for its shape.
+
+        Returns:
+            self, with the fitted attributes.
+
+        Raises:
+            DiagnosticError: lengths differ, features are not finite, or no class has two
+                parents with two or more crops each.
+        """
+        k, Cs = self._params()
+        who = "ParentProbe"
+        X, labels, parents = check_features(who, X, labels, parents)
+        N = X.shape[0]
+        if N == 0:
+            raise DiagnosticError(f"{who} needs crops; got none (features have shape {X.shape})")
+        cls_names, cls = np.unique(labels, return_inverse=True)
+        cls = cls.reshape(-1)
+        par_names, par = np.unique(parents, return_inverse=True)
+        par = par.reshape(-1)
+        cell_names, cell, cell_n = np.unique(np.stack([cls, par], axis=1), axis=0, return_inverse=True, return_counts=True)
+        cell = cell.reshape(-1)
+        cell_class = cell_names[:, 0]
+        ok_cell = cell_n >= 2
+        n_single = int((~ok_cell).sum())
+        # Classes with fewer than two probe-able parents.
+        ok_cells_per_class = np.bincount(cell_class[ok_cell], minlength=len(cls_names))
+        ok_class = ok_cells_per_class >= 2
+        n_single_class = int((~ok_class & (np.bincount(cls, minlength=len(cls_names)) > 0)).sum())
+        folds = sibling_folds(cell, k, int(self.random_state))
+        folds[~ok_class[cls]] = -1
+        keep = folds >= 0
+        n_excl = int((~keep).sum())
+        if not keep.any():
+            raise DiagnosticError(
+                f"{who} has nothing to probe: no class has two parents with two or more crops each "
+                f"({len(par_names)} parents, {n_single} (class, parent) cells with one crop, {len(cls_names)} classes)"
+            )
+        if n_excl:
+            lost_classes = [str(c) for c in cls_names[~ok_class]]
+            warnings.warn(
+                f"{who}: {n_excl} crop(s) cannot be probed and are excluded: {n_single} (class, parent) cell(s) with one crop "
+                f"(no sibling to learn from) and {n_single_class} class(es) with fewer than two parents of two or more crops"
+                + (f" ({', '.join(lost_classes[:5])})" if lost_classes else "")
+                + "; counted in n_singleton_parents_, n_single_parent_classes_, n_excluded_",
+                UserWarning, stacklevel=2,
+            )
+
+        # Per class: crops, local parent codes.
+        classes = [c for c in range(len(cls_names)) if ok_class[c]]
+        idx = {c: np.flatnonzero(keep & (cls == c)) for c in classes}
+        ycode = {}
+        for c in classes:
+            _, y = np.unique(par[idx[c]], return_inverse=True)
+            ycode[c] = y.reshape(-1)
+
+        def features(mask: np.ndarray | None) -> np.ndarray:
+            if cross_fit is None or mask is None:
+                return X
+            F = np.asarray(cross_fit(mask))
+            if F.shape[0] != N or F.ndim != 2:
+                raise DiagnosticError(f"{who}: cross_fit returned features of shape {F.shape}; expected ({N}, D)")
+            return F
+
+        n_iter = 0
+        # Inner split: one probe per pair of folds, per class, along the C path.
+        inner: dict[tuple[int, int], dict] = {}  # (class, pair id) -> fits
+        pairs = sorted({tuple(sorted((f, _partner(f, k)))) for f in range(k)}) if len(Cs) > 1 else []
+        for pair in pairs:
+            F = features(~np.isin(folds, pair))
+            for c in classes:
+                fc = folds[idx[c]]
+                tr = ~np.isin(fc, pair)
+                y_tr = ycode[c][tr]
+                seen = np.unique(y_tr)
+                fits = {"seen": seen, "models": [], "val": {}}
+                if len(seen) >= 2:
+                    mu, sd = standardise(F[idx[c][tr]])
+                    A = (F[idx[c][tr]] - mu) / sd
+                    local = np.searchsorted(seen, y_tr)
+                    # Validation folds this pair serves (fold g chooses C for f when g = partner(f)).
+                    val = {}
+                    for g in pair:
+                        if any(_partner(f, k) == g and g != f and set((f, g)) == set(pair) for f in range(k)):
+                            va = (fc == g) & np.isin(ycode[c], seen)
+                            val[g] = ((F[idx[c][va]] - mu) / sd, np.searchsorted(seen, ycode[c][va]))
+                    fits["val"] = {g: [] for g in val}
+                    W = b = None
+                    for C in Cs:  # smallest C first, each warm-started from the previous one
+                        W, b, it = fit_multinomial(A, local, len(seen), C, tol=self.tol, max_iter=self.max_iter, W0=W, c0=b)
+                        n_iter += it
+                        fits["models"].append((W, b))
+                        for g, (B, truth) in val.items():
+                            fits["val"][g].append((int(((B @ W + b).argmax(1) == truth).sum()), len(truth)))
+                        # Stop the path once every served fold's accuracy fell below its best so far.
+                        if len(fits["models"]) > 1 and all(v[-1][0] < max(a for a, _ in v[:-1]) for v in fits["val"].values()):
+                            break
+                    fits["mu"], fits["sd"] = mu, sd
+                inner[(c, pairs.index(pair))] = fits
+
+        # Outer folds.
+        predicted = np.full(N, -1, dtype=np.int64)  # parent code
+        Crows = []
+        for f in range(k):
+            F = features(folds != f)
+            for c in classes:
+                fc = folds[idx[c]]
+                te = fc == f
+                if not te.any():
+                    continue
+                tr = ~te
+                P = int(ycode[c].max()) + 1
+                mu, sd = standardise(F[idx[c][tr]])
+                A = (F[idx[c][tr]] - mu) / sd
+                W0 = b0 = None
+                if pairs:
+                    g = _partner(f, k)
+                    fits = inner[(c, pairs.index(tuple(sorted((f, g)))))]
+                    if fits["models"]:
+                        scores = fits["val"][g]  # (correct, n) per C along the (possibly stopped) path
+                        inner_n = scores[0][1]
+                        if inner_n:
+                            accs = [a / inner_n for a, _ in scores]
+                            j = int(np.argmax(accs))  # first maximum: the smallest C among ties
+                            inner_acc = accs[j]
+                        else:  # no validation crop whose parent the inner probe saw
+                            j, inner_acc = len(Cs) // 2, math.nan
+                        C = Cs[j]
+                        Wi, bi = fits["models"][j]
+                        # Re-express the inner probe in this fit's standardisation and label set.
+                        W0 = np.zeros((A.shape[1], P))
+                        b0 = np.zeros(P)
+                        W0[:, fits["seen"]] = Wi * (sd / fits["sd"])[:, None]
+                        b0[fits["seen"]] = bi + ((mu - fits["mu"]) / fits["sd"]) @ Wi
+                    else:
+                        C, inner_acc, inner_n = Cs[len(Cs) // 2], math.nan, 0
+                else:
+                    C, inner_acc, inner_n = Cs[0], math.nan, 0
+                W, b, it = fit_multinomial(A, ycode[c][tr], P, C, tol=self.tol, max_iter=self.max_iter, W0=W0, c0=b0)
+                n_iter += it
+                B = (F[idx[c][te]] - mu) / sd
+                local_pred = (B @ W + b).argmax(1)
+                parent_of_local = np.unique(par[idx[c]])
+                predicted[idx[c][te]] = parent_of_local[local_pred]
+                Crows.append({"class": cls_names[c], "fold": f, "C": C, "inner_accuracy": inner_acc, "inner_n": inner_n})
+
+        correct = keep & (predicted == par)
+        rows = []
+        for c in range(len(cls_names)):
+            in_c = cls == c
+            if not in_c.any():
+                continue
+            m = keep & in_c
+            n_c = int(m.sum())
+            if n_c:
+                top = int(np.bincount(par[m]).max())
+                R_c, floor_c = float(correct[m].sum()) / n_c, top / n_c
+                n_par = int(len(np.unique(par[m])))
+            else:
+                R_c = floor_c = math.nan
+                n_par = 0
+            rows.append({"class": cls_names[c], "n_scored": n_c, "n_parents": n_par, "R": R_c, "floor": floor_c,
+                         "above_floor": R_c - floor_c, "n_excluded": int((in_c & ~keep).sum()), "probed": bool(n_c)})
+        per_class = pd.DataFrame(rows, columns=["class", "n_scored", "n_parents", "R", "floor", "above_floor", "n_excluded", "probed"])
+        n = int(keep.sum())
+        kc = int(correct.sum())
+        probed = per_class[per_class["probed"]]
+        self.per_class_ = per_class
+        self.R_ = kc / n
+        self.floor_ = float((probed["floor"] * probed["n_scored"]).sum() / n)
+        self.above_floor_ = self.R_ - self.floor_
+        self.ci_ = wilson_interval(kc, n, float(self.confidence))
+        self.n_scored_ = n
+        self.n_correct_ = kc
+        self.n_classes_ = len(classes)
+        self.n_parents_ = int(probed["n_parents"].sum())
+        self.n_singleton_parents_ = n_single
+        self.n_single_parent_classes_ = n_single_class
+        self.n_excluded_ = n_excl
+        self.folds_ = folds
+        pred_names = np.empty(N, dtype=object)
+        pred_names[keep] = par_names[predicted[keep]]
+        self.predicted_ = pred_names
+        self.correct_ = correct
+        self.C_ = pd.DataFrame(Crows, columns=["class", "fold", "C", "inner_accuracy", "inner_n"])
+        self.n_iter_ = n_iter
+        return self
+
+
+# ------------------------------------------------------------------------------ diagnostic
+_SIDES = {"all": None, "train": 0, "val": 1, "test": 2}
+
+
+def crops_of(ctx: DiagnosticContext, on: str, who: str) -> np.ndarray:
+    """Row indices of the crops a diagnostic measures on: 'all', or one side of the split."""
+    if on not in _SIDES:
+        raise _bad(who, "on", f"one of {', '.join(map(repr, _SIDES))}", on)
+    if on == "all":
+        return np.arange(ctx.table.n_crops)
+    idx = np.flatnonzero(ctx.side == _SIDES[on])
+    if len(idx) == 0:
+        raise DiagnosticError(f"{who}: on={on!r} but the split has no {on} crops")
+    return idx
+
+
+def probe_rows(ctx: DiagnosticContext | None, name: str, probe: ParentProbe, *, setting: str = "", prefix: str = "",
+               per_class: bool = True) -> list[dict]:
+    """Tidy rows of a fitted `ParentProbe`: R (Wilson interval), floor, above_floor, exclusions,
+    and per-class R / floor / above_floor (setting ``class=<name>``, joined to `setting`)."""
+    n = probe.n_scored_
+    out = [
+        row(ctx, name, prefix + "R", probe.R_, setting=setting, ci=probe.ci_, n=n),
+        row(ctx, name, prefix + "floor", probe.floor_, setting=setting, n=n),
+        row(ctx, name, prefix + "above_floor", probe.above_floor_, setting=setting, n=n),
+    ]
+    if not prefix:
+        out += [
+            row(ctx, name, "n_singleton_parents", probe.n_singleton_parents_, setting=setting, n=n),
+            row(ctx, name, "n_single_parent_classes", probe.n_single_parent_classes_, setting=setting, n=n),
+            row(ctx, name, "n_excluded", probe.n_excluded_, setting=setting, n=n),
+        ]
+    if per_class:
+        for r in probe.per_class_[probe.per_class_["probed"]].itertuples(index=False):
+            s = ",".join(x for x in (setting, f"class={r[0]}") if x)
+            out += [
+                row(ctx, name, prefix + "R", r.R, setting=s, n=r.n_scored),
+                row(ctx, name, prefix + "floor", r.floor, setting=s, n=r.n_scored),
+                row(ctx, name, prefix + "above_floor", r.above_floor, setting=s, n=r.n_scored),
+            ]
+    return out
+
+
+@register("parent_probe")
+class ParentProbeDiagnostic(Diagnostic):
+    """Parent recoverability R and its class-only floor on a model's frozen features.
+
+    Rows (metric): ``R`` (Wilson interval, n = scored crops), ``floor``, ``above_floor``,
+    ``n_singleton_parents``, ``n_single_parent_classes``, ``n_excluded``; then ``R``, ``floor``,
+    ``above_floor`` per class with setting ``class=<name>``.
+
+    Args:
+        on: the crops probed: "all" (default) or one side of the split ("train", "val", "test").
+        n_folds, Cs, tol, max_iter: as `ParentProbe`.
+        random_state: seeds the folds (None: the context's seed).
+    """
+
+    needs = frozenset({"features"})
+
+    def __init__(self, on: str = "all", n_folds: int = 4, Cs: float | Sequence[float] = (0.01, 0.1, 1.0), tol: float = 1e-4,
+                 max_iter: int = 100, random_state: int | None = None) -> None:
+        self.on = on
+        self.probe_params = dict(n_folds=n_folds, Cs=Cs, tol=tol, max_iter=max_iter)
+        self.random_state = random_state
+
+    def run(self, ctx: DiagnosticContext) -> list[dict]:
+        idx = crops_of(ctx, self.on, "parent_probe")
+        seed = ctx.seed if self.random_state is None else self.random_state
+        probe = ParentProbe(random_state=seed, **self.probe_params)
+        probe.fit(ctx.features()[idx], ctx.labels[idx], ctx.parents[idx])
+        return probe_rows(ctx, self.name, probe, setting=f"on={self.on}")
