@@ -52,6 +52,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from shortcutlab.grad_reverse import dann_lambda, grad_reverse
+
 from ._logistic import standardise, torch_threads
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
 from .leace import _as_numpy, _clone_probe
@@ -59,22 +61,6 @@ from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_
 from .registry import register
 
 __all__ = ["AdversaryCheck", "LinearAdversary", "LinearAdversaryDiagnostic", "adversary_check", "remeasure_R"]
-
-
-class _GradReverse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, lam):
-        ctx.lam = lam
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return -ctx.lam * grad, None
-
-
-def dann_lambda(progress: float, weight: float) -> float:
-    """DANN's schedule: weight * (2 / (1 + exp(-10 p)) - 1), p in [0, 1]."""
-    return weight * (2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0)
 
 
 class LinearAdversary:
@@ -204,7 +190,7 @@ class LinearAdversary:
             lam = float(self.weight) if self.schedule == "constant" else dann_lambda(step / max(steps - 1, 1), float(self.weight))
             h = Z[idx] @ A.T + a
             loss_c = F.cross_entropy(h @ Wc.T + bc, yt[idx])
-            logits_a = _GradReverse.apply(h, lam) @ Wa.T + ba
+            logits_a = grad_reverse(h, lam) @ Wa.T + ba
             logits_a = logits_a.masked_fill(cell_class[None, :] != yt[idx][:, None], -1e9)
             loss_a = F.cross_entropy(logits_a, pt[idx])
             loss = loss_c + loss_a + 0.5 * lc * (Wc * Wc).sum() + 0.5 * la_ * (Wa * Wa).sum()
