@@ -19,9 +19,10 @@ that is `ParentProbe`'s R) on a model's frozen pooled features:
   hold crops of the crop's class): a guess that knows the class and nothing else about the
   parent. Where each parent holds one class (SIPaKMeD), anything the features say about the
   class alone lifts the accuracy from chance towards class chance, so read the two together.
-- **Interval**: a binomial interval on the accuracy (Wilson by default, or Clopper-Pearson
-  "exact"; `scipy.stats.binomtest`). It treats the scored crops as independent trials;
-  siblings are not, so it is narrower than a parent-level (cluster) interval would be.
+- **Interval**: a binomial interval on the accuracy (Wilson by default,
+  `shortcutlab.stats.wilson_interval`, or Clopper-Pearson "exact", `scipy.stats.binomtest`).
+  It treats the scored crops as independent trials; siblings are not, so it is narrower than
+  a parent-level (cluster) interval would be.
 - Parents with one crop cannot be scored (no sibling to learn from) and are counted in
   ``n_singletons_`` / ``n_excluded_`` and excluded, with a warning; never silently dropped.
 
@@ -60,6 +61,8 @@ from typing import Literal
 
 import numpy as np
 import torch
+
+from shortcutlab.stats import wilson_interval
 
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
 from .registry import register
@@ -123,25 +126,28 @@ def sibling_folds(parents, folds: int, seed: int | np.random.Generator | None = 
 
 
 def binomial_interval(k: int, n: int, confidence: float = 0.95, method: Literal["wilson", "exact"] = "wilson") -> tuple[float, float]:
-    """Two-sided interval for a binomial proportion k / n (`scipy.stats.binomtest`).
+    """Two-sided interval for a binomial proportion k / n.
 
     Args:
         k: successes.
         n: trials (> 0).
         confidence: coverage in (0, 1).
-        method: "wilson" (score interval) or "exact" (Clopper-Pearson).
+        method: "wilson" (score interval, `shortcutlab.stats.wilson_interval`) or "exact"
+            (Clopper-Pearson, `scipy.stats.binomtest`).
 
     Returns:
         (low, high) in [0, 1]; (nan, nan) when n == 0.
     """
-    from scipy.stats import binomtest
-
     if method not in INTERVALS:
         raise _bad("binomial_interval", "method", f"one of {', '.join(map(repr, INTERVALS))}", method)
     if not (0.0 < float(confidence) < 1.0):
         raise _bad("binomial_interval", "confidence", "a number in (0, 1)", confidence)
     if int(n) == 0:
         return (math.nan, math.nan)
+    if method == "wilson":
+        return wilson_interval(int(k), int(n), float(confidence))
+    from scipy.stats import binomtest
+
     ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=float(confidence), method=method)
     return (float(ci.low), float(ci.high))
 

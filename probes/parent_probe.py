@@ -86,6 +86,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from shortcutlab.stats import wilson_interval
+
 from ._logistic import fit_multinomial, standardise
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
 from .registry import register
@@ -186,24 +188,6 @@ def sibling_folds(cells: np.ndarray, n_folds: int, random_state: int | np.random
     out = (offset[codes] + rank) % n_folds
     out[counts[codes] < 2] = -1
     return out
-
-
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion k / n; (nan, nan) when n == 0.
-
-    ``(p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with p = k/n and z the
-    two-sided normal quantile of `confidence`.
-    """
-    from scipy.stats import norm
-
-    if n <= 0:
-        return (math.nan, math.nan)
-    z = float(norm.ppf(0.5 + confidence / 2.0))
-    p = k / n
-    den = 1.0 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
 
 
 def _partner(f: int, k: int) -> int:
