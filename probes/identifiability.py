@@ -65,6 +65,8 @@ import torch
 from shortcutlab.stats import wilson_interval
 
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
+from .parent_probe import _bad, _check_int, _check_positive
+from .parent_probe import sibling_folds as _sibling_folds
 from .registry import register
 
 __all__ = [
@@ -80,28 +82,13 @@ FILLS = ("mean", "constant")
 
 
 # ------------------------------------------------------------------------------ helpers
-def _bad(owner: str, name: str, expected: str, got) -> DiagnosticError:
-    return DiagnosticError(f"The {name!r} parameter of {owner} must be {expected}. Got {got!r} instead.")
-
-
-def _check_int(owner: str, name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
-        raise _bad(owner, name, f"an integer >= {lo}", value)
-    return int(value)
-
-
-def _check_positive(owner: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (math.isfinite(value) and value > 0):
-        raise _bad(owner, name, "a finite number > 0", value)
-    return float(value)
-
-
 def sibling_folds(parents, folds: int, seed: int | np.random.Generator | None = 0) -> np.ndarray:
     """Fold of every crop, drawn inside each parent; -1 for crops whose parent has one crop.
 
-    A parent's n >= 2 crops, in random order, take folds ``(o, o + 1, ...) mod folds`` from a
-    random offset o: every fold then holds at most ``ceil(n / folds)`` < n of them, so each
-    scored crop's parent keeps a sibling in every training set, and fold sizes stay balanced.
+    `probes.parent_probe.sibling_folds` with the parents as cells (one implementation for
+    both probes): a parent's n >= 2 crops, in random order, take folds ``(o, o + 1, ...) mod
+    folds`` from a random offset o, so each scored crop's parent keeps a sibling in every
+    training set, and fold sizes stay balanced.
 
     Args:
         parents: (N,) parent of each crop (any hashable labels).
@@ -111,18 +98,7 @@ def sibling_folds(parents, folds: int, seed: int | np.random.Generator | None = 
     Returns:
         (N,) int64 fold in [0, folds), or -1 for singleton parents.
     """
-    folds = _check_int("sibling_folds", "folds", folds, 2)
-    _, codes, counts = np.unique(np.asarray(parents), return_inverse=True, return_counts=True)
-    codes = codes.reshape(-1)
-    rng = np.random.default_rng(seed)
-    order = np.lexsort((rng.random(len(codes)), codes))  # crops grouped by parent, shuffled inside
-    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.empty(len(codes), dtype=np.int64)
-    rank[order] = np.arange(len(codes)) - np.repeat(start, counts)
-    offset = rng.integers(0, folds, size=len(counts))
-    out = (offset[codes] + rank) % folds
-    out[counts[codes] < 2] = -1
-    return out
+    return _sibling_folds(parents, _check_int("sibling_folds", "folds", folds, 2), seed)
 
 
 def binomial_interval(k: int, n: int, confidence: float = 0.95, method: Literal["wilson", "exact"] = "wilson") -> tuple[float, float]:
