@@ -7,7 +7,7 @@ re-measure R with a fresh `ParentProbe` and compare a class head before and afte
   one the cost is measured on (`check_inputs`);
 - R before (a probe on the original features, or one already fitted) and after (a fresh probe
   with the same settings on the mapped features, its exclusion warnings silenced: the probe
-  before announced the same ones) (`clone_probe`, `fit_before`, `fit_after`);
+  before announced the same ones) (`fit_before`, `fit_after`);
 - the outcome (`outcome`): the share of the above-floor R removed, the accuracy cost on
   ``check_on`` and the pass / fail of "at least ``min_removed`` removed at a cost of at most
   ``max_cost``";
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
-from .parent_probe import ParentProbe, check_features, probe_rows
+from .parent_probe import ParentProbe, check_features, clone_probe, probe_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,14 +72,6 @@ def check_inputs(who: str, X, labels, parents, train_idx, test_sets: Mapping, ch
     if check_on not in test_sets:
         raise DiagnosticError(f"{who}: check_on={check_on!r} is not a test set; the test sets are {sorted(test_sets)}")
     return X, labels, parents, train_idx, check_on
-
-
-def clone_probe(probe: ParentProbe | None) -> ParentProbe:
-    """An unfitted `ParentProbe` with `probe`'s settings (default settings for None)."""
-    if probe is None:
-        return ParentProbe()
-    return ParentProbe(n_folds=probe.n_folds, Cs=probe.Cs, tol=probe.tol, max_iter=probe.max_iter,
-                       random_state=probe.random_state, confidence=probe.confidence)
 
 
 def fit_before(probe: ParentProbe | None, probe_before: ParentProbe | None, X, labels, parents) -> ParentProbe:

@@ -53,11 +53,11 @@ import torch.nn.functional as F
 
 from shortcutlab.grad_reverse import dann_lambda, grad_reverse
 
-from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, clone_probe, fit_after, fit_before, outcome
+from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
 from ._logistic import standardise, torch_threads
 from .base import DiagnosticContext, DiagnosticError, row
 from .leace import _as_numpy
-from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features
+from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, clone_probe, fitted_probe
 from .registry import register
 
 __all__ = ["AdversaryCheck", "LinearAdversary", "LinearAdversaryDiagnostic", "adversary_check", "remeasure_R"]
@@ -364,7 +364,9 @@ class LinearAdversaryDiagnostic(CheckDiagnostic):
 
     def run(self, ctx: DiagnosticContext) -> list[dict]:
         X, labels, parents, tests, probe, seed = self._prepare(ctx)
-        before = None
+        # R before over every crop is shared with parent_probe and leace when the settings match;
+        # without cross-fitting it is measured outside the training rows (fitted by the first check).
+        before = fitted_probe(ctx, probe) if self.cross_fit else None
         out: list[dict] = []
         for w in self.weights:
             chk = adversary_check(X, labels, parents, train_idx=ctx.train_idx, test_sets=tests,

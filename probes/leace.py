@@ -72,7 +72,7 @@ from torch import nn
 from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
 from ._logistic import fit_multinomial, standardise, torch_threads
 from .base import DiagnosticContext, DiagnosticError, row
-from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features
+from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, fitted_probe
 from .registry import register
 
 __all__ = ["ErasureCheck", "HeadRefit", "LeaceDiagnostic", "LeaceErasure", "erasure_check", "refit_head"]
@@ -503,7 +503,7 @@ class LeaceDiagnostic(CheckDiagnostic):
 
     def run(self, ctx: DiagnosticContext) -> list[dict]:
         X, labels, parents, tests, probe, _ = self._prepare(ctx)
-        before = fit_before(probe, None, X, labels, parents)
+        before = fitted_probe(ctx, probe)  # shared with parent_probe and linear_adversary when the settings match
         out: list[dict] = []
         for r in self.ranks:
             chk = erasure_check(X, labels, parents, train_idx=ctx.train_idx, test_sets=tests, rank=r, within_class=self.within_class,
