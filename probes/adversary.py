@@ -44,7 +44,6 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -52,29 +51,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from shortcutlab.grad_reverse import dann_lambda, grad_reverse
+
+from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
 from ._logistic import standardise, torch_threads
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
-from .leace import _as_numpy, _clone_probe
-from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, probe_rows
+from .base import DiagnosticContext, DiagnosticError, row
+from .leace import _as_numpy
+from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, clone_probe, fitted_probe
 from .registry import register
 
 __all__ = ["AdversaryCheck", "LinearAdversary", "LinearAdversaryDiagnostic", "adversary_check", "remeasure_R"]
-
-
-class _GradReverse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, lam):
-        ctx.lam = lam
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return -ctx.lam * grad, None
-
-
-def dann_lambda(progress: float, weight: float) -> float:
-    """DANN's schedule: weight * (2 / (1 + exp(-10 p)) - 1), p in [0, 1]."""
-    return weight * (2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0)
 
 
 class LinearAdversary:
@@ -204,7 +190,7 @@ class LinearAdversary:
             lam = float(self.weight) if self.schedule == "constant" else dann_lambda(step / max(steps - 1, 1), float(self.weight))
             h = Z[idx] @ A.T + a
             loss_c = F.cross_entropy(h @ Wc.T + bc, yt[idx])
-            logits_a = _GradReverse.apply(h, lam) @ Wa.T + ba
+            logits_a = grad_reverse(h, lam) @ Wa.T + ba
             logits_a = logits_a.masked_fill(cell_class[None, :] != yt[idx][:, None], -1e9)
             loss_a = F.cross_entropy(logits_a, pt[idx])
             loss = loss_c + loss_a + 0.5 * lc * (Wc * Wc).sum() + 0.5 * la_ * (Wa * Wa).sum()
@@ -238,39 +224,23 @@ class LinearAdversary:
 
 
 # ------------------------------------------------------------------------------ the check
-@dataclass(frozen=True)
-class AdversaryCheck:
+@dataclass(frozen=True, kw_only=True)
+class AdversaryCheck(CheckOutcome):
     """R before and after the adversary (fresh, cross-fitted probes), the accuracy cost, the check.
 
     Attributes:
         adversary: the `LinearAdversary` trained on the training rows; baseline: the same
             training with weight 0.
-        probe_before, probe_after: fitted `ParentProbe`s (after: on mapped features).
-        R_before, R_after, floor, above_floor_before, above_floor_after, removed_share: as
-            `probes.leace.ErasureCheck`.
+        probe_before, probe_after, R_before, R_after, floor, above_floor_before,
+            above_floor_after, removed_share, check_on, cost, min_removed, max_cost, passed:
+            as `probes._check.CheckOutcome` (probe_after: on mapped features).
         accuracy_before, accuracy_after: test-set name -> class accuracy of the baseline's /
             the adversary's head.
-        check_on, cost, min_removed, max_cost, passed: as `probes.leace.ErasureCheck`.
         adversary_accuracy: the parent head's own training accuracy (for contrast only).
     """
 
     adversary: LinearAdversary
     baseline: LinearAdversary
-    probe_before: ParentProbe
-    probe_after: ParentProbe
-    R_before: float
-    R_after: float
-    floor: float
-    above_floor_before: float
-    above_floor_after: float
-    removed_share: float
-    accuracy_before: dict
-    accuracy_after: dict
-    check_on: str
-    cost: float
-    min_removed: float
-    max_cost: float
-    passed: bool
     adversary_accuracy: float
 
 
@@ -296,51 +266,32 @@ def adversary_check(X, labels, parents, *, train_idx, test_sets: Mapping[str, np
         `AdversaryCheck`.
     """
     who = "adversary_check"
-    X, labels, parents = check_features(who, X, labels, parents)
-    train_idx = np.asarray(train_idx, dtype=np.int64)
-    if len(train_idx) == 0:
-        raise DiagnosticError(f"{who} needs training rows (train_idx is empty)")
-    if not test_sets:
-        raise DiagnosticError(f"{who} needs at least one test set (name -> rows)")
-    check_on = next(iter(test_sets)) if check_on is None else check_on
-    if check_on not in test_sets:
-        raise DiagnosticError(f"{who}: check_on={check_on!r} is not a test set; the test sets are {sorted(test_sets)}")
+    X, labels, parents, train_idx, check_on = check_inputs(who, X, labels, parents, train_idx, test_sets, check_on)
     params = (adversary or LinearAdversary()).get_params()
     adv = LinearAdversary(**params).fit(X[train_idx], labels[train_idx], parents[train_idx])
     base = LinearAdversary(**{**params, "weight": 0.0}).fit(X[train_idx], labels[train_idx], parents[train_idx])
 
     if cross_fit:
-        rows = np.arange(len(X))
 
         def mapped(mask: np.ndarray) -> np.ndarray:
             return LinearAdversary(**params).fit(X[mask], labels[mask], parents[mask]).transform(X)
 
-        before = probe_before if probe_before is not None else _clone_probe(probe).fit(X, labels, parents)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            after = _clone_probe(probe).fit(X, labels, parents, cross_fit=mapped)
+        before = fit_before(probe, probe_before, X, labels, parents)
+        after = fit_after(probe, X, labels, parents, cross_fit=mapped)
     else:
         rows = np.setdiff1d(np.arange(len(X)), train_idx)
         if len(rows) == 0:
             raise DiagnosticError(f"{who}(cross_fit=False) measures R on the rows outside train_idx; there are none")
-        before = probe_before if probe_before is not None else _clone_probe(probe).fit(X[rows], labels[rows], parents[rows])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            after = _clone_probe(probe).fit(adv.transform(X[rows]), labels[rows], parents[rows])
+        before = fit_before(probe, probe_before, X[rows], labels[rows], parents[rows])
+        after = fit_after(probe, adv.transform(X[rows]), labels[rows], parents[rows])
     acc_b, acc_a = {}, {}
     for name, r in test_sets.items():
         r = np.asarray(r, dtype=np.int64)
         acc_b[name] = base.score(X[r], labels[r]) if len(r) else math.nan
         acc_a[name] = adv.score(X[r], labels[r]) if len(r) else math.nan
-    af_b, af_a = before.R_ - before.floor_, after.R_ - after.floor_
-    removed = (af_b - af_a) / af_b if af_b > 0 else math.nan
-    cost = acc_b[check_on] - acc_a[check_on]
-    passed = bool(removed >= min_removed and cost <= max_cost) if not math.isnan(removed) else False
     return AdversaryCheck(
-        adversary=adv, baseline=base, probe_before=before, probe_after=after, R_before=before.R_, R_after=after.R_, floor=before.floor_,
-        above_floor_before=af_b, above_floor_after=af_a, removed_share=removed, accuracy_before=acc_b, accuracy_after=acc_a,
-        check_on=check_on, cost=cost, min_removed=float(min_removed), max_cost=float(max_cost), passed=passed,
-        adversary_accuracy=adv.adversary_accuracy_,
+        adversary=adv, baseline=base, adversary_accuracy=adv.adversary_accuracy_,
+        **outcome(before, after, acc_b, acc_a, check_on, min_removed, max_cost),
     )
 
 
@@ -375,12 +326,12 @@ def remeasure_R(adapter, crops, *, index: np.ndarray | None = None, probe: Paren
     F_ = extract_features(adapter, crops, batch_size=batch_size, cache_dir=cache_dir, progress=progress)
     rows = np.arange(len(F_)) if index is None else np.asarray(index, dtype=np.int64)
     table = crops.table
-    return _clone_probe(probe).fit(F_[rows], np.asarray(table.label_codes)[rows], np.asarray(table.parent_codes)[rows])
+    return clone_probe(probe).fit(F_[rows], np.asarray(table.label_codes)[rows], np.asarray(table.parent_codes)[rows])
 
 
 # ------------------------------------------------------------------------------ diagnostic
 @register("linear_adversary")
-class LinearAdversaryDiagnostic(Diagnostic):
+class LinearAdversaryDiagnostic(CheckDiagnostic):
     """The probe-matched linear adversary on frozen features (the paper's F7).
 
     Trained on the split's training side; R before and after (fresh probe, cross-fitted over
@@ -401,8 +352,6 @@ class LinearAdversaryDiagnostic(Diagnostic):
         n_folds, Cs: the `ParentProbe`'s settings; random_state: folds and batches (None: ctx.seed).
     """
 
-    needs = frozenset({"features", "split"})
-
     def __init__(self, weights: Sequence[float] = (1.0,), steps: int = 300, batch_size: int | None = 256, lr: float = 1e-2,
                  C_adv: float = 1.0, cross_fit: bool = True, test_sets: Mapping[str, Sequence[int]] | None = None, check_on: str = "test",
                  min_removed: float = 0.25, max_cost: float = 0.01, n_folds: int = 4, Cs: float | Sequence[float] = (0.01, 0.1, 1.0),
@@ -410,24 +359,14 @@ class LinearAdversaryDiagnostic(Diagnostic):
         self.weights = tuple(weights)
         self.adversary_params = dict(steps=steps, batch_size=batch_size, lr=lr, C_adv=C_adv)
         self.cross_fit = cross_fit
-        self.test_sets = dict(test_sets or {})
-        self.check_on = check_on
-        self.min_removed = min_removed
-        self.max_cost = max_cost
-        self.n_folds = n_folds
-        self.Cs = Cs
-        self.random_state = random_state
+        self._check_settings(test_sets=test_sets, check_on=check_on, min_removed=min_removed, max_cost=max_cost, n_folds=n_folds,
+                             Cs=Cs, random_state=random_state)
 
     def run(self, ctx: DiagnosticContext) -> list[dict]:
-        why = self.missing(ctx)
-        if why:
-            raise DiagnosticError(f"linear_adversary {why}")
-        X = ctx.features()
-        labels, parents = ctx.labels, ctx.parents
-        tests = {"test": ctx.test_idx, **{k: np.asarray(v, dtype=np.int64) for k, v in self.test_sets.items()}}
-        seed = ctx.seed if self.random_state is None else self.random_state
-        probe = ParentProbe(n_folds=self.n_folds, Cs=self.Cs, random_state=seed)
-        before = None
+        X, labels, parents, tests, probe, seed = self._prepare(ctx)
+        # R before over every crop is shared with parent_probe and leace when the settings match;
+        # without cross-fitting it is measured outside the training rows (fitted by the first check).
+        before = fitted_probe(ctx, probe) if self.cross_fit else None
         out: list[dict] = []
         for w in self.weights:
             chk = adversary_check(X, labels, parents, train_idx=ctx.train_idx, test_sets=tests,
@@ -436,22 +375,7 @@ class LinearAdversaryDiagnostic(Diagnostic):
                                   probe_before=before)
             before = chk.probe_before
             s = f"weight={w:g}"
-            n = chk.probe_before.n_scored_
-            out += probe_rows(ctx, self.name, chk.probe_before, setting=s, per_class=False)
-            out += [
-                row(ctx, self.name, "R_after", chk.R_after, setting=s, ci=chk.probe_after.ci_, n=chk.probe_after.n_scored_),
-                row(ctx, self.name, "above_floor_after", chk.above_floor_after, setting=s, n=chk.probe_after.n_scored_),
-                row(ctx, self.name, "removed_share", chk.removed_share, setting=s, n=n),
+            out += check_rows(ctx, self.name, chk, s, tests, [
                 row(ctx, self.name, "adversary_accuracy", chk.adversary_accuracy, setting=s, n=len(ctx.train_idx)),
-            ]
-            for name in tests:
-                st = f"{s},test_set={name}"
-                m = len(tests[name])
-                out += [
-                    row(ctx, self.name, "accuracy_before", chk.accuracy_before[name], setting=st, n=m),
-                    row(ctx, self.name, "accuracy_after", chk.accuracy_after[name], setting=st, n=m),
-                    row(ctx, self.name, "accuracy_cost", chk.accuracy_before[name] - chk.accuracy_after[name], setting=st, n=m),
-                ]
-            out.append(row(ctx, self.name, "check_passed", float(chk.passed), setting=f"{s},test_set={chk.check_on}", n=n,
-                           min_removed=chk.min_removed, max_cost=chk.max_cost))
+            ])
         return out

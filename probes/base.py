@@ -94,6 +94,10 @@ class DiagnosticContext:
             ``{name: {kwarg: tensor with one row per table row}}``.
         preprocess: ``fn(x, mask) -> x`` applied to every batch before anything else, as the
             run scored its crops (e.g. masked backgrounds for a run trained with them).
+        cache: results that diagnostics of this context share, keyed by everything that
+            determines them (e.g. the R-before `ParentProbe` of ``parent_probe``, ``leace``
+            and ``linear_adversary``: `probes.parent_probe.fitted_probe`). Entries are read,
+            never changed.
     """
 
     adapter: Any
@@ -108,6 +112,7 @@ class DiagnosticContext:
     targets: dict = field(default_factory=dict)
     preprocess: Any = None
     _features: dict = field(default_factory=dict, repr=False)
+    cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.side = np.asarray(self.side)

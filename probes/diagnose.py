@@ -7,6 +7,10 @@ on the user's data is recorded with the diagnostic's name and the cause. The row
 diagnostics share `ROW_COLUMNS`; `write_diagnostics` writes them as diagnostics.csv and
 diagnostics.json (atomically, both or neither).
 
+The diagnostics of one call share one `DiagnosticContext`: the frozen features are extracted
+once, and ``parent_probe``, ``leace`` and ``linear_adversary`` fit one R-before `ParentProbe`
+between them when their probe settings match (``DiagnosticContext.cache``).
+
 Example:
     >>> from probes import diagnose                                # doctest: +SKIP
     >>> rows = diagnose(adapter, crops, "split.csv", cell="leak-low", only=["parent_probe"])

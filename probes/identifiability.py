@@ -19,16 +19,18 @@ that is `ParentProbe`'s R) on a model's frozen pooled features:
   hold crops of the crop's class): a guess that knows the class and nothing else about the
   parent. Where each parent holds one class (SIPaKMeD), anything the features say about the
   class alone lifts the accuracy from chance towards class chance, so read the two together.
-- **Interval**: a binomial interval on the accuracy (Wilson by default, or Clopper-Pearson
-  "exact"; `scipy.stats.binomtest`). It treats the scored crops as independent trials;
-  siblings are not, so it is narrower than a parent-level (cluster) interval would be.
+- **Interval**: a binomial interval on the accuracy (Wilson by default,
+  `shortcutlab.stats.wilson_interval`, or Clopper-Pearson "exact", `scipy.stats.binomtest`).
+  It treats the scored crops as independent trials; siblings are not, so it is narrower than
+  a parent-level (cluster) interval would be.
 - Parents with one crop cannot be scored (no sibling to learn from) and are counted in
   ``n_singletons_`` / ``n_excluded_`` and excluded, with a warning; never silently dropped.
 
 Fit. Features are standardised on each training fold (zero-variance columns keep scale 1), then
 scikit-learn's multinomial objective is minimised: mean cross-entropy + ||W||^2 / (2 C n) with an
 unpenalised intercept, by scipy's L-BFGS with scikit-learn's stopping rule (``gtol=tol``,
-``maxiter=max_iter``, ``maxls=50``). The fit is therefore ``LogisticRegression(C=C, tol=tol,
+``maxiter=max_iter``, ``maxls=50``; `probes._logistic.fit_multinomial`, ParentProbe's fit,
+without its step rescaling). The fit is therefore ``LogisticRegression(C=C, tol=tol,
 max_iter=max_iter)`` on the standardised features (the tests check it), computed with float32
 matrix products and no threads but BLAS's (one BLAS thread for small problems, where waking
 threads costs more than it gives on a busy machine). On 3,975 crops x 512 features x 424 parents
@@ -61,7 +63,12 @@ from typing import Literal
 import numpy as np
 import torch
 
+from shortcutlab.stats import wilson_interval
+
+from ._logistic import fit_multinomial, standardise
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
+from .parent_probe import _bad, _check_int, _check_positive
+from .parent_probe import sibling_folds as _sibling_folds
 from .registry import register
 
 __all__ = [
@@ -77,28 +84,13 @@ FILLS = ("mean", "constant")
 
 
 # ------------------------------------------------------------------------------ helpers
-def _bad(owner: str, name: str, expected: str, got) -> DiagnosticError:
-    return DiagnosticError(f"The {name!r} parameter of {owner} must be {expected}. Got {got!r} instead.")
-
-
-def _check_int(owner: str, name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
-        raise _bad(owner, name, f"an integer >= {lo}", value)
-    return int(value)
-
-
-def _check_positive(owner: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (math.isfinite(value) and value > 0):
-        raise _bad(owner, name, "a finite number > 0", value)
-    return float(value)
-
-
 def sibling_folds(parents, folds: int, seed: int | np.random.Generator | None = 0) -> np.ndarray:
     """Fold of every crop, drawn inside each parent; -1 for crops whose parent has one crop.
 
-    A parent's n >= 2 crops, in random order, take folds ``(o, o + 1, ...) mod folds`` from a
-    random offset o: every fold then holds at most ``ceil(n / folds)`` < n of them, so each
-    scored crop's parent keeps a sibling in every training set, and fold sizes stay balanced.
+    `probes.parent_probe.sibling_folds` with the parents as cells (one implementation for
+    both probes): a parent's n >= 2 crops, in random order, take folds ``(o, o + 1, ...) mod
+    folds`` from a random offset o, so each scored crop's parent keeps a sibling in every
+    training set, and fold sizes stay balanced.
 
     Args:
         parents: (N,) parent of each crop (any hashable labels).
@@ -108,105 +100,34 @@ def sibling_folds(parents, folds: int, seed: int | np.random.Generator | None = 
     Returns:
         (N,) int64 fold in [0, folds), or -1 for singleton parents.
     """
-    folds = _check_int("sibling_folds", "folds", folds, 2)
-    _, codes, counts = np.unique(np.asarray(parents), return_inverse=True, return_counts=True)
-    codes = codes.reshape(-1)
-    rng = np.random.default_rng(seed)
-    order = np.lexsort((rng.random(len(codes)), codes))  # crops grouped by parent, shuffled inside
-    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.empty(len(codes), dtype=np.int64)
-    rank[order] = np.arange(len(codes)) - np.repeat(start, counts)
-    offset = rng.integers(0, folds, size=len(counts))
-    out = (offset[codes] + rank) % folds
-    out[counts[codes] < 2] = -1
-    return out
+    return _sibling_folds(parents, _check_int("sibling_folds", "folds", folds, 2), seed)
 
 
 def binomial_interval(k: int, n: int, confidence: float = 0.95, method: Literal["wilson", "exact"] = "wilson") -> tuple[float, float]:
-    """Two-sided interval for a binomial proportion k / n (`scipy.stats.binomtest`).
+    """Two-sided interval for a binomial proportion k / n.
 
     Args:
         k: successes.
         n: trials (> 0).
         confidence: coverage in (0, 1).
-        method: "wilson" (score interval) or "exact" (Clopper-Pearson).
+        method: "wilson" (score interval, `shortcutlab.stats.wilson_interval`) or "exact"
+            (Clopper-Pearson, `scipy.stats.binomtest`).
 
     Returns:
         (low, high) in [0, 1]; (nan, nan) when n == 0.
     """
-    from scipy.stats import binomtest
-
     if method not in INTERVALS:
         raise _bad("binomial_interval", "method", f"one of {', '.join(map(repr, INTERVALS))}", method)
     if not (0.0 < float(confidence) < 1.0):
         raise _bad("binomial_interval", "confidence", "a number in (0, 1)", confidence)
     if int(n) == 0:
         return (math.nan, math.nan)
+    if method == "wilson":
+        return wilson_interval(int(k), int(n), float(confidence))
+    from scipy.stats import binomtest
+
     ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=float(confidence), method=method)
     return (float(ci.low), float(ci.high))
-
-
-# Multiply-adds per matrix product below which BLAS runs on one thread: waking threads for a
-# product of a few milliseconds cost 5x on a loaded 2-core machine (4 s instead of 0.8 s).
-_SMALL_PRODUCT = 20_000_000
-
-
-def _blas_threads(size: int):
-    """One BLAS thread for small products, the library's default otherwise."""
-    import contextlib
-
-    if size >= _SMALL_PRODUCT:
-        return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
-
-
-def _fit_multinomial(A: np.ndarray, y: np.ndarray, K: int, C: float, max_iter: int, tol: float) -> tuple[np.ndarray, np.ndarray, int]:
-    """Minimise mean cross-entropy + ||W||^2 / (2 C n) (unpenalised intercept) by L-BFGS.
-
-    scikit-learn's `LogisticRegression` objective and stopping rule, with float32 products.
-
-    Args:
-        A: (n, D) float32 standardised features.
-        y: (n,) int codes in [0, K).
-        K: number of classes (every code present).
-
-    Returns:
-        W (D, K) float32, b (K,) float32, iterations.
-    """
-    from scipy.optimize import minimize
-
-    n, D = A.shape
-    A1 = np.ascontiguousarray(np.hstack([A, np.ones((n, 1), dtype=np.float32)]))
-    At = np.ascontiguousarray(A1.T)
-    rows = np.arange(n)
-    lam = 1.0 / (C * n)
-
-    def loss_grad(w: np.ndarray) -> tuple[float, np.ndarray]:
-        W = w.reshape(D + 1, K).astype(np.float32)
-        Z = A1 @ W
-        Z -= Z.max(axis=1, keepdims=True)
-        zy = Z[rows, y].astype(np.float64)
-        np.exp(Z, out=Z)
-        S = Z.sum(axis=1, keepdims=True)
-        loss = float((np.log(S[:, 0].astype(np.float64)) - zy).mean())
-        Z /= S
-        Z[rows, y] -= 1.0
-        G = (At @ Z).astype(np.float64)
-        G /= n
-        coef = w.reshape(D + 1, K)[:-1]
-        loss += 0.5 * lam * float(np.dot(coef.ravel(), coef.ravel()))
-        G[:-1] += lam * coef
-        return loss, G.ravel()
-
-    with _blas_threads(n * (D + 1) * K):
-        res = minimize(
-            loss_grad, np.zeros((D + 1) * K), jac=True, method="L-BFGS-B",
-            options={"maxiter": max_iter, "maxls": 50, "gtol": tol, "ftol": 64 * np.finfo(float).eps},
-        )
-    W = res.x.reshape(D + 1, K).astype(np.float32)
-    return W[:-1], W[-1], int(res.nit)
 
 
 def _class_chance(codes: np.ndarray, labels: np.ndarray) -> float:
@@ -364,12 +285,12 @@ class GroupIdentifiability:
                 continue
             tr = np.flatnonzero(keep & (fold != f))
             A = X[tr].astype(np.float64)  # standardised in float64 (features with large offsets), in place
-            mu = A.mean(axis=0)
-            sd = A.std(axis=0)
-            sd[sd < 10 * np.finfo(np.float64).eps * np.maximum(np.abs(mu), 1.0)] = 1.0  # constant columns: scale 1
+            mu, sd = standardise(A)
             A -= mu
             A /= sd
-            W, b, it = _fit_multinomial(A.astype(np.float32), y[tr], K, float(self.C), int(self.max_iter), float(self.tol))
+            W, b, it = fit_multinomial(A.astype(np.float32), y[tr], K, float(self.C), tol=float(self.tol), max_iter=int(self.max_iter),
+                                       rescale=False)
+            W, b = W.astype(np.float32), b.astype(np.float32)
             del A
             B = ((X[te].astype(np.float64) - mu) / sd).astype(np.float32)
             predicted[te] = (B @ W + b).argmax(axis=1)

@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -70,9 +69,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
 from ._logistic import fit_multinomial, standardise, torch_threads
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
-from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, probe_rows
+from .base import DiagnosticContext, DiagnosticError, row
+from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, fitted_probe
 from .registry import register
 
 __all__ = ["ErasureCheck", "HeadRefit", "LeaceDiagnostic", "LeaceErasure", "erasure_check", "refit_head"]
@@ -386,51 +386,24 @@ def refit_head(adapter, features_train, y_train, test_sets: Mapping[str, tuple] 
 
 
 # ------------------------------------------------------------------------------ the check
-@dataclass(frozen=True)
-class ErasureCheck:
+@dataclass(frozen=True, kw_only=True)
+class ErasureCheck(CheckOutcome):
     """R before and after erasure, the accuracy cost, and the paper's pass/fail check.
 
     Attributes:
         rank: the requested rank (None: full); n_directions: directions the train-side
             eraser removed.
-        probe_before, probe_after: the fitted `ParentProbe`s (after: cross-fitted erasers).
-        R_before, R_after, floor, above_floor_before, above_floor_after: fractions.
-        removed_share: (above_floor_before - above_floor_after) / above_floor_before (NaN when
-            nothing is above the floor).
+        probe_before, probe_after, R_before, R_after, floor, above_floor_before,
+            above_floor_after, removed_share, check_on, cost, min_removed, max_cost, passed:
+            as `probes._check.CheckOutcome` (probe_after: cross-fitted erasers).
         accuracy_before, accuracy_after: test-set name -> accuracy of heads refitted on the
             original / erased training features (same fit, so the difference is erasure's).
-        check_on: the test set the cost is measured on; cost: accuracy_before - accuracy_after
-            there (fraction; 0.01 = 1 pp).
-        min_removed, max_cost: the thresholds; passed: removed_share >= min_removed and
-            cost <= max_cost.
         head_after: the `HeadRefit` on erased features (install it to use the erased model).
     """
 
     rank: int | None
     n_directions: int
-    probe_before: ParentProbe
-    probe_after: ParentProbe
-    R_before: float
-    R_after: float
-    floor: float
-    above_floor_before: float
-    above_floor_after: float
-    removed_share: float
-    accuracy_before: dict
-    accuracy_after: dict
-    check_on: str
-    cost: float
-    min_removed: float
-    max_cost: float
-    passed: bool
     head_after: HeadRefit
-
-
-def _clone_probe(probe: ParentProbe | None) -> ParentProbe:
-    if probe is None:
-        return ParentProbe()
-    return ParentProbe(n_folds=probe.n_folds, Cs=probe.Cs, tol=probe.tol, max_iter=probe.max_iter,
-                       random_state=probe.random_state, confidence=probe.confidence)
 
 
 def erasure_check(X, labels, parents, *, train_idx, test_sets: Mapping[str, np.ndarray], rank: int | None = None,
@@ -465,29 +438,19 @@ def erasure_check(X, labels, parents, *, train_idx, test_sets: Mapping[str, np.n
         `ErasureCheck`.
     """
     who = "erasure_check"
-    X, labels, parents = check_features(who, X, labels, parents)
-    train_idx = np.asarray(train_idx, dtype=np.int64)
-    if len(train_idx) == 0:
-        raise DiagnosticError(f"{who} needs training rows (train_idx is empty)")
-    if not test_sets:
-        raise DiagnosticError(f"{who} needs at least one test set (name -> rows)")
-    check_on = next(iter(test_sets)) if check_on is None else check_on
-    if check_on not in test_sets:
-        raise DiagnosticError(f"{who}: check_on={check_on!r} is not a test set; the test sets are {sorted(test_sets)}")
+    X, labels, parents, train_idx, check_on = check_inputs(who, X, labels, parents, train_idx, test_sets, check_on)
     for name in ("min_removed", "max_cost"):
         v = locals()[name]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise _bad(who, name, "a finite number", v)
     eraser_kw = dict(rank=rank, within_class=within_class, svd_tol=svd_tol)
 
-    before = probe_before if probe_before is not None else _clone_probe(probe).fit(X, labels, parents)
+    before = fit_before(probe, probe_before, X, labels, parents)
 
     def erased(mask: np.ndarray) -> np.ndarray:
         return LeaceErasure(**eraser_kw).fit(X[mask], parents[mask], labels[mask]).transform(X)
 
-    with warnings.catch_warnings():  # the same exclusions were announced by the probe before erasure
-        warnings.simplefilter("ignore", UserWarning)
-        after = _clone_probe(probe).fit(X, labels, parents, cross_fit=erased)
+    after = fit_after(probe, X, labels, parents, cross_fit=erased)
 
     y = np.asarray(labels)
     if not np.issubdtype(y.dtype, np.integer):
@@ -497,22 +460,15 @@ def erasure_check(X, labels, parents, *, train_idx, test_sets: Mapping[str, np.n
     eraser = LeaceErasure(**eraser_kw).fit(X[train_idx], parents[train_idx], labels[train_idx])
     head_before = refit_head(adapter, X[train_idx], y[train_idx], tests, C=C)
     head_after = refit_head(adapter, X[train_idx], y[train_idx], tests, eraser=eraser, C=C)
-    af_b = before.R_ - before.floor_
-    af_a = after.R_ - after.floor_
-    removed = (af_b - af_a) / af_b if af_b > 0 else math.nan
-    cost = head_before.accuracy[check_on] - head_after.accuracy[check_on]
-    passed = bool(removed >= min_removed and cost <= max_cost) if not math.isnan(removed) else False
     return ErasureCheck(
-        rank=rank, n_directions=eraser.rank_, probe_before=before, probe_after=after, R_before=before.R_, R_after=after.R_,
-        floor=before.floor_, above_floor_before=af_b, above_floor_after=af_a, removed_share=removed,
-        accuracy_before=dict(head_before.accuracy), accuracy_after=dict(head_after.accuracy), check_on=check_on, cost=cost,
-        min_removed=float(min_removed), max_cost=float(max_cost), passed=passed, head_after=head_after,
+        rank=rank, n_directions=eraser.rank_, head_after=head_after,
+        **outcome(before, after, dict(head_before.accuracy), dict(head_after.accuracy), check_on, min_removed, max_cost),
     )
 
 
 # ------------------------------------------------------------------------------ diagnostic
 @register("leace")
-class LeaceDiagnostic(Diagnostic):
+class LeaceDiagnostic(CheckDiagnostic):
     """LEACE erasure of the parent code at each rank, with a refitted head (the paper's F5).
 
     R is probed over every crop of the table; heads and their eraser are fitted on the split's
@@ -536,54 +492,25 @@ class LeaceDiagnostic(Diagnostic):
         C: the heads' inverse L2 strength.
     """
 
-    needs = frozenset({"features", "split"})
-
     def __init__(self, ranks: Sequence[int | None] = (256,), within_class: bool = True, test_sets: Mapping[str, Sequence[int]] | None = None,
                  check_on: str = "test", min_removed: float = 0.25, max_cost: float = 0.01, n_folds: int = 4,
                  Cs: float | Sequence[float] = (0.01, 0.1, 1.0), random_state: int | None = None, C: float = 1.0) -> None:
         self.ranks = tuple(ranks)
         self.within_class = within_class
-        self.test_sets = dict(test_sets or {})
-        self.check_on = check_on
-        self.min_removed = min_removed
-        self.max_cost = max_cost
-        self.n_folds = n_folds
-        self.Cs = Cs
-        self.random_state = random_state
+        self._check_settings(test_sets=test_sets, check_on=check_on, min_removed=min_removed, max_cost=max_cost, n_folds=n_folds,
+                             Cs=Cs, random_state=random_state)
         self.C = C
 
     def run(self, ctx: DiagnosticContext) -> list[dict]:
-        why = self.missing(ctx)
-        if why:
-            raise DiagnosticError(f"leace {why}")
-        X = ctx.features()
-        labels, parents = ctx.labels, ctx.parents
-        tests = {"test": ctx.test_idx, **{k: np.asarray(v, dtype=np.int64) for k, v in self.test_sets.items()}}
-        seed = ctx.seed if self.random_state is None else self.random_state
-        probe = ParentProbe(n_folds=self.n_folds, Cs=self.Cs, random_state=seed)
-        before = _clone_probe(probe).fit(X, labels, parents)
+        X, labels, parents, tests, probe, _ = self._prepare(ctx)
+        before = fitted_probe(ctx, probe)  # shared with parent_probe and linear_adversary when the settings match
         out: list[dict] = []
         for r in self.ranks:
             chk = erasure_check(X, labels, parents, train_idx=ctx.train_idx, test_sets=tests, rank=r, within_class=self.within_class,
                                 probe=probe, adapter=ctx.adapter, check_on=self.check_on, min_removed=self.min_removed,
                                 max_cost=self.max_cost, C=self.C, probe_before=before)
             s = f"rank={'full' if r is None else r}"
-            n = chk.probe_before.n_scored_
-            out += probe_rows(ctx, self.name, chk.probe_before, setting=s, per_class=False)
-            out += [
-                row(ctx, self.name, "R_after", chk.R_after, setting=s, ci=chk.probe_after.ci_, n=n),
-                row(ctx, self.name, "above_floor_after", chk.above_floor_after, setting=s, n=n),
-                row(ctx, self.name, "removed_share", chk.removed_share, setting=s, n=n),
+            out += check_rows(ctx, self.name, chk, s, tests, [
                 row(ctx, self.name, "n_directions", chk.n_directions, setting=s, n=len(ctx.train_idx)),
-            ]
-            for name in tests:
-                st = f"{s},test_set={name}"
-                m = len(tests[name])
-                out += [
-                    row(ctx, self.name, "accuracy_before", chk.accuracy_before[name], setting=st, n=m),
-                    row(ctx, self.name, "accuracy_after", chk.accuracy_after[name], setting=st, n=m),
-                    row(ctx, self.name, "accuracy_cost", chk.accuracy_before[name] - chk.accuracy_after[name], setting=st, n=m),
-                ]
-            out.append(row(ctx, self.name, "check_passed", float(chk.passed), setting=f"{s},test_set={chk.check_on}", n=n,
-                           min_removed=chk.min_removed, max_cost=chk.max_cost))
+            ])
         return out

@@ -79,12 +79,15 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+
+from shortcutlab.stats import wilson_interval
 
 from ._logistic import fit_multinomial, standardise
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
@@ -186,24 +189,6 @@ def sibling_folds(cells: np.ndarray, n_folds: int, random_state: int | np.random
     out = (offset[codes] + rank) % n_folds
     out[counts[codes] < 2] = -1
     return out
-
-
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion k / n; (nan, nan) when n == 0.
-
-    ``(p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with p = k/n and z the
-    two-sided normal quantile of `confidence`.
-    """
-    from scipy.stats import norm
-
-    if n <= 0:
-        return (math.nan, math.nan)
-    z = float(norm.ppf(0.5 + confidence / 2.0))
-    p = k / n
-    den = 1.0 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
 
 
 def _partner(f: int, k: int) -> int:
@@ -496,6 +481,42 @@ def crops_of(ctx: DiagnosticContext, on: str, who: str) -> np.ndarray:
     return idx
 
 
+def clone_probe(probe: ParentProbe | None) -> ParentProbe:
+    """An unfitted `ParentProbe` with `probe`'s settings (default settings for None)."""
+    if probe is None:
+        return ParentProbe()
+    return ParentProbe(n_folds=probe.n_folds, Cs=probe.Cs, tol=probe.tol, max_iter=probe.max_iter,
+                       random_state=probe.random_state, confidence=probe.confidence)
+
+
+def fitted_probe(ctx: DiagnosticContext, probe: ParentProbe, rows: np.ndarray | None = None) -> ParentProbe:
+    """`probe`'s settings fitted on the context's features of all crops (or of `rows`), once per context.
+
+    The fit is kept in ``ctx.cache`` under the probe's effective settings (folds, the sorted Cs,
+    tol, max_iter, random_state, confidence) and the rows, so diagnostics that measure R
+    before on the same crops with the same settings (``parent_probe``, ``leace``,
+    ``linear_adversary``) share one fit; the fitted probe is shared, not copied, and must not
+    be refitted.
+
+    Args:
+        ctx: the diagnostic context (features from ``ctx.features()``).
+        probe: an unfitted `ParentProbe` whose settings are used (it is not fitted itself).
+        rows: row indices of the crops probed (None: every crop of the table).
+    """
+    k, Cs = probe._params()
+    settings = (k, tuple(Cs), float(probe.tol), int(probe.max_iter), int(probe.random_state), float(probe.confidence))
+    where = "all" if rows is None else hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()
+    key = ("ParentProbe", where, settings)  # on ctx.features(): the crops' own features, no transform
+    if key not in ctx.cache:
+        X = ctx.features()
+        fresh = clone_probe(probe)
+        if rows is None:
+            ctx.cache[key] = fresh.fit(X, ctx.labels, ctx.parents)
+        else:
+            ctx.cache[key] = fresh.fit(X[rows], ctx.labels[rows], ctx.parents[rows])
+    return ctx.cache[key]
+
+
 def probe_rows(ctx: DiagnosticContext | None, name: str, probe: ParentProbe, *, setting: str = "", prefix: str = "",
                per_class: bool = True) -> list[dict]:
     """Tidy rows of a fitted `ParentProbe`: R (Wilson interval), floor, above_floor, exclusions,
@@ -548,6 +569,5 @@ class ParentProbeDiagnostic(Diagnostic):
     def run(self, ctx: DiagnosticContext) -> list[dict]:
         idx = crops_of(ctx, self.on, "parent_probe")
         seed = ctx.seed if self.random_state is None else self.random_state
-        probe = ParentProbe(random_state=seed, **self.probe_params)
-        probe.fit(ctx.features()[idx], ctx.labels[idx], ctx.parents[idx])
+        probe = fitted_probe(ctx, ParentProbe(random_state=seed, **self.probe_params), None if self.on == "all" else idx)
         return probe_rows(ctx, self.name, probe, setting=f"on={self.on}")

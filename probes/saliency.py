@@ -86,7 +86,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortcutlab.adapter import ModelAdapter, ModelError
+from shortcutlab.adapter import ModelAdapter, ModelError, reinit_parameters
 
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
 from .registry import register
@@ -544,29 +544,6 @@ def cascade_blocks(adapter: ModelAdapter, x: torch.Tensor) -> list[str]:
     return _blocks_from_order(adapter, order)
 
 
-_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
-
-
-def _reinit(modules: Sequence[nn.Module], gen: torch.Generator) -> None:
-    """Re-initialise modules in place by `ModelAdapter.reset_head`'s rule, drawing from `gen`."""
-    with torch.no_grad():
-        for mod in modules:
-            for m in mod.modules():
-                own = list(m.named_parameters(recurse=False))
-                if not own:
-                    continue
-                if isinstance(m, _NORMS) and callable(getattr(m, "reset_parameters", None)):
-                    m.reset_parameters()
-                    continue
-                w = getattr(m, "weight", None)
-                fan_in = w[0].numel() if isinstance(w, torch.Tensor) and w.dim() >= 2 else None
-                for _, p in own:
-                    fi = p[0].numel() if p.dim() >= 2 else (fan_in or p.numel())
-                    bound = 1.0 / math.sqrt(max(fi, 1))
-                    draw_dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
-                    p.copy_(torch.empty(p.shape, dtype=draw_dtype, device=gen.device).uniform_(-bound, bound, generator=gen))
-
-
 @contextlib.contextmanager
 def preserved_state(adapter: ModelAdapter, modules: Sequence[nn.Module] | None = None) -> Iterator[None]:
     """Restore the model's weights (bit for bit) and train / eval modes on exit, even after an error.
@@ -682,7 +659,8 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
             blocks = blocks_all[:k]
             gen = torch.Generator(device="cpu").manual_seed(seed)
             adapter.reset_head(gen)
-            _reinit([adapter.model.get_submodule(b) for b in blocks], gen)
+            for b in blocks:  # reset_head's rule, continuing the same generator
+                reinit_parameters(adapter.model.get_submodule(b), gen)
             if k == 0 and used == "fast":
                 # Same activations, another linear head: a matrix product, no forward pass.
                 rraw = _fast_cam(a, _linear_head(adapter).weight.detach(), t)

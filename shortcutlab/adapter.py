@@ -51,7 +51,7 @@ from torch import nn
 
 from .errors import ShortcutlabError
 
-__all__ = ["InputError", "ModelAdapter", "ModelError", "TokenLayout", "create_model", "wrap"]
+__all__ = ["InputError", "ModelAdapter", "ModelError", "TokenLayout", "create_model", "reinit_parameters", "wrap"]
 
 
 class ModelError(ShortcutlabError):
@@ -266,6 +266,36 @@ _MEAN_HINT = (
 
 
 # ---------------------------------------------------------------------------------- adapter
+_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+
+
+def reinit_parameters(module: nn.Module, generator: torch.Generator) -> None:
+    """Re-initialise every parameter of `module` (and its submodules) in place, drawing from `generator`.
+
+    The rule of `ModelAdapter.reset_head`: weights and biases uniform in ±1/sqrt(fan_in)
+    (PyTorch's default for Linear and Conv layers; a bias takes its module's weight's fan-in),
+    drawn in float32 (float64 for float64 parameters) on the generator's device, so the same
+    generator state gives the same weights on every device; normalisation layers return to
+    their identity (``reset_parameters``).
+    """
+    with torch.no_grad():
+        for m in module.modules():
+            own = list(m.named_parameters(recurse=False))
+            if not own:
+                continue
+            if isinstance(m, _NORMS) and callable(getattr(m, "reset_parameters", None)):
+                m.reset_parameters()
+                continue
+            w = getattr(m, "weight", None)
+            fan_in = w[0].numel() if isinstance(w, torch.Tensor) and w.dim() >= 2 else None
+            for _, p in own:
+                fi = p[0].numel() if p.dim() >= 2 else (fan_in or p.numel())
+                bound = 1.0 / math.sqrt(max(fi, 1))
+                draw_dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                draw = torch.empty(p.shape, dtype=draw_dtype, device=generator.device).uniform_(-bound, bound, generator=generator)
+                p.copy_(draw)
+
+
 class ModelAdapter(nn.Module):
     """A trained image classifier behind one interface; build it with `wrap`.
 
@@ -690,23 +720,7 @@ class ModelAdapter(nn.Module):
             gen = torch.Generator(device="cpu").manual_seed(seed)
         else:
             raise ModelError(f"reset_head() takes an int seed, a torch.Generator or None; got {type(seed).__name__}")
-        norms = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
-        with torch.no_grad():
-            for m in self.head.modules():
-                own = list(m.named_parameters(recurse=False))
-                if not own:
-                    continue
-                if isinstance(m, norms) and callable(getattr(m, "reset_parameters", None)):
-                    m.reset_parameters()
-                    continue
-                w = getattr(m, "weight", None)
-                fan_in = w[0].numel() if isinstance(w, torch.Tensor) and w.dim() >= 2 else None
-                for _, p in own:
-                    fi = p[0].numel() if p.dim() >= 2 else (fan_in or p.numel())
-                    bound = 1.0 / math.sqrt(max(fi, 1))
-                    draw_dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
-                    draw = torch.empty(p.shape, dtype=draw_dtype, device=gen.device).uniform_(-bound, bound, generator=gen)
-                    p.copy_(draw)
+        reinit_parameters(self.head, gen)
         return self
 
     # ------------------------------------------------------------------------- Grad-CAM

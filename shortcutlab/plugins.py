@@ -1,8 +1,9 @@
 """A name -> class registry open to third-party plug-ins through an entry-point group.
 
-Interventions and diagnostics both use it: built-ins register with a decorator when their
-package is imported; other packages join through an entry-point group whose entries name a
-class (registered under the entry point's name) or a module whose import registers its classes.
+Interventions (`interventions.registry`) and diagnostics (`probes.registry`) both use it:
+built-ins register with a decorator when their package is imported; other packages join
+through an entry-point group whose entries name a class (registered under the entry point's
+name) or a module whose import registers its classes.
 A broken plug-in is skipped with a warning naming it, a duplicate name is an error naming both
 sources, and an unknown name lists the close matches.
 
@@ -29,6 +30,11 @@ T = TypeVar("T")
 
 def _source(obj) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _a(word: str) -> str:
+    """The word with its indefinite article: 'a diagnostic', 'an intervention'."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 class Registry:
@@ -58,9 +64,9 @@ class Registry:
 
     def add(self, name: str, cls) -> None:
         if not (inspect.isclass(cls) and issubclass(cls, self.base)):
-            raise self.error(f"only {self.base.__name__} subclasses can be registered as a {self.kind}; {name!r} is {cls!r}")
+            raise self.error(f"only {self.base.__name__} subclasses can be registered; {name!r} is {cls!r}")
         if not name or not name.isidentifier():
-            raise self.error(f"a {self.kind} name must be a non-empty identifier; got {name!r} for {_source(cls)}")
+            raise self.error(f"{_a(self.kind)} name must be a non-empty identifier; got {name!r} for {_source(cls)}")
         if name in self._classes and self._classes[name] is not cls:
             raise self.error(f"{self.kind} name {name!r} is already registered by {self._sources[name]}; {_source(cls)} cannot take it too")
         cls.name = name

@@ -51,6 +51,8 @@ import torch.nn.functional as F
 
 from .data import CropImages, load_crops
 from .errors import ShortcutlabError
+from .grad_reverse import GradReverse as _GradReverse  # module attribute: tests spy on it
+from .grad_reverse import dann_lambda
 from .io import OutputError, atomic_files, to_json, write_text
 from .manifest import SplitManifest
 from .table import CropTable
@@ -157,22 +159,6 @@ class RunRecord:
     empty_masks: dict | None = None
     adversary: dict | None = None
     data: dict = field(default_factory=dict)
-
-
-class _GradReverse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, lam):
-        ctx.lam = lam
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return -ctx.lam * grad, None
-
-
-def dann_lambda(progress: float, weight: float) -> float:
-    """The DANN schedule: weight * (2 / (1 + exp(-10 p)) - 1), p in [0, 1]."""
-    return weight * (2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0)
 
 
 def random_resized_crop(

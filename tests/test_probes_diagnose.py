@@ -175,3 +175,78 @@ def test_cli_diagnose_writes_every_row_it_prints(run, tmp_path, capsys):
     test = logits[logits.split == "test"]
     assert rows[rows.setting == "intervention=none"].value.iloc[0] == pytest.approx((test.label == test.pred).mean())
     assert set(rows.split_sha256) == {json.loads((tmp / "run" / "run.json").read_text())["split_sha256"]}
+
+
+# -- one R-before probe per context ---------------------------------------------------------------
+def _count_probe_fits(monkeypatch) -> list:
+    """Patch ParentProbe.fit to record the fits on original features (R before: no cross_fit)."""
+    from probes.parent_probe import ParentProbe
+
+    fits = []
+    real = ParentProbe.fit
+
+    def counted(self, X, labels, parents, *, cross_fit=None):
+        if cross_fit is None:
+            fits.append((self.n_folds, self.Cs, self.random_state, len(X)))
+        return real(self, X, labels, parents, cross_fit=cross_fit)
+
+    monkeypatch.setattr(ParentProbe, "fit", counted)
+    return fits
+
+
+SHARING = {"leace": {"ranks": (2,), "max_cost": 0.5}, "linear_adversary": {"weights": (0.5, 1.0), "steps": 30}, "parent_probe": {}}
+
+
+def _same_rows(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for c in x:
+            assert x[c] == y[c] or (isinstance(x[c], float) and np.isnan(x[c]) and np.isnan(y[c])), (x, y)
+
+
+def test_diagnostics_share_one_r_before_probe_per_context(monkeypatch):
+    from test_probes_parent_probe import context_with_features, planted
+
+    X, labels, parents, _ = planted(n_classes=3, parents_per_class=4, crops=10, dim=8, strength=1.5, seed=2)
+    side = np.where(np.random.default_rng(2).random(len(labels)) < 0.3, 2, 0)
+    fits = _count_probe_fits(monkeypatch)
+    alone = []
+    for name, params in SHARING.items():  # each on a context of its own: no sharing
+        alone += probes.get(name, **params).run(context_with_features(X, labels, parents, side=side))
+    assert len(fits) == 3
+    fits.clear()
+    ctx = context_with_features(X, labels, parents, side=side)
+    shared = []
+    for name, params in SHARING.items():
+        shared += probes.get(name, **params).run(ctx)
+    assert len(fits) == 1 and fits[0][3] == len(labels)
+    _same_rows(alone, shared)
+    chk_probe = next(iter(ctx.cache.values()))
+    assert chk_probe.n_scored_ == next(r for r in shared if r["diagnostic"] == "parent_probe" and r["metric"] == "R")["n"]
+
+    # other settings or other crops: a probe of their own; the same again: none
+    fits.clear()
+    probes.get("parent_probe", Cs=1.0).run(ctx)
+    probes.get("parent_probe", on="test").run(ctx)
+    probes.get("parent_probe").run(ctx)
+    assert [(f[1], f[3]) for f in fits] == [(1.0, len(labels)), ((0.01, 0.1, 1.0), int((side == 2).sum()))]
+    # without cross-fitting R before is measured outside the training rows, never the shared probe's
+    nocf = {"weights": (1.0,), "steps": 30, "cross_fit": False}
+    rows = probes.get("linear_adversary", **nocf).run(ctx)
+    _same_rows(rows, probes.get("linear_adversary", **nocf).run(context_with_features(X, labels, parents, side=side)))
+    assert next(r for r in rows if r["metric"] == "R")["n"] < chk_probe.n_scored_
+
+
+def test_diagnose_fits_the_r_before_probe_once(run, monkeypatch):
+    tmp, man, split = run
+    r = load_run(tmp / "run")
+    crops, sm, side = load_run_data(r, man, split)
+    fits = _count_probe_fits(monkeypatch)
+    alone = pd.concat([probes.diagnose(r.adapter, crops, sm, only=[name], params={name: SHARING[name]}, run_id="r") for name in SHARING],
+                      ignore_index=True)
+    assert len(fits) == 3
+    fits.clear()
+    shared = probes.diagnose(r.adapter, crops, sm, only=list(SHARING), params=SHARING, run_id="r")
+    assert len(fits) == 1
+    pd.testing.assert_frame_equal(alone, shared)

@@ -1,0 +1,158 @@
+"""What the removal checks share: LEACE's `erasure_check` and the adversary's `adversary_check`.
+
+Both remove the parent code from frozen features by a fitted map (an eraser, an adversary),
+re-measure R with a fresh `ParentProbe` and compare a class head before and after:
+
+- the inputs: features, labels and parents, the training rows, the named test sets and the
+  one the cost is measured on (`check_inputs`);
+- R before (a probe on the original features, or one already fitted) and after (a fresh probe
+  with the same settings on the mapped features, its exclusion warnings silenced: the probe
+  before announced the same ones) (`fit_before`, `fit_after`);
+- the outcome (`outcome`): the share of the above-floor R removed, the accuracy cost on
+  ``check_on`` and the pass / fail of "at least ``min_removed`` removed at a cost of at most
+  ``max_cost``";
+- the diagnostics' settings and set-up (`CheckDiagnostic`) and their rows (`check_rows`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
+from .parent_probe import ParentProbe, check_features, clone_probe, probe_rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckOutcome:
+    """R before and after the removal, the accuracy cost, and the pass/fail check (`outcome`).
+
+    Attributes:
+        probe_before, probe_after: the fitted `ParentProbe`s (after: on the mapped features).
+        R_before, R_after, floor, above_floor_before, above_floor_after: fractions.
+        removed_share: (above_floor_before - above_floor_after) / above_floor_before (NaN when
+            nothing is above the floor).
+        accuracy_before, accuracy_after: test-set name -> class accuracy of the head before / after.
+        check_on: the test set the cost is measured on; cost: accuracy_before - accuracy_after
+            there (fraction; 0.01 = 1 pp).
+        min_removed, max_cost: the thresholds; passed: removed_share >= min_removed and
+            cost <= max_cost.
+    """
+
+    probe_before: ParentProbe
+    probe_after: ParentProbe
+    R_before: float
+    R_after: float
+    floor: float
+    above_floor_before: float
+    above_floor_after: float
+    removed_share: float
+    accuracy_before: dict
+    accuracy_after: dict
+    check_on: str
+    cost: float
+    min_removed: float
+    max_cost: float
+    passed: bool
+
+
+def check_inputs(who: str, X, labels, parents, train_idx, test_sets: Mapping, check_on: str | None):
+    """Validated ``(X, labels, parents, train_idx, check_on)``; check_on defaults to the first test set."""
+    X, labels, parents = check_features(who, X, labels, parents)
+    train_idx = np.asarray(train_idx, dtype=np.int64)
+    if len(train_idx) == 0:
+        raise DiagnosticError(f"{who} needs training rows (train_idx is empty)")
+    if not test_sets:
+        raise DiagnosticError(f"{who} needs at least one test set (name -> rows)")
+    check_on = next(iter(test_sets)) if check_on is None else check_on
+    if check_on not in test_sets:
+        raise DiagnosticError(f"{who}: check_on={check_on!r} is not a test set; the test sets are {sorted(test_sets)}")
+    return X, labels, parents, train_idx, check_on
+
+
+def fit_before(probe: ParentProbe | None, probe_before: ParentProbe | None, X, labels, parents) -> ParentProbe:
+    """R before: `probe_before` when given (already fitted on these rows), else a fresh fit."""
+    return probe_before if probe_before is not None else clone_probe(probe).fit(X, labels, parents)
+
+
+def fit_after(probe: ParentProbe | None, X, labels, parents, cross_fit: Callable[[np.ndarray], np.ndarray] | None = None) -> ParentProbe:
+    """R after: a fresh probe with `probe`'s settings (cross-fitted through `cross_fit` when given)."""
+    with warnings.catch_warnings():  # the same exclusions were announced by the probe before
+        warnings.simplefilter("ignore", UserWarning)
+        return clone_probe(probe).fit(X, labels, parents, cross_fit=cross_fit)
+
+
+def outcome(before: ParentProbe, after: ParentProbe, accuracy_before: dict, accuracy_after: dict, check_on: str,
+            min_removed: float, max_cost: float) -> dict:
+    """The `CheckOutcome` fields of a check, as keyword arguments of its result class."""
+    af_b = before.R_ - before.floor_
+    af_a = after.R_ - after.floor_
+    removed = (af_b - af_a) / af_b if af_b > 0 else math.nan
+    cost = accuracy_before[check_on] - accuracy_after[check_on]
+    passed = bool(removed >= min_removed and cost <= max_cost) if not math.isnan(removed) else False
+    return dict(probe_before=before, probe_after=after, R_before=before.R_, R_after=after.R_, floor=before.floor_,
+                above_floor_before=af_b, above_floor_after=af_a, removed_share=removed, accuracy_before=accuracy_before,
+                accuracy_after=accuracy_after, check_on=check_on, cost=cost, min_removed=float(min_removed),
+                max_cost=float(max_cost), passed=passed)
+
+
+def named_test_sets(ctx: DiagnosticContext, extra: Mapping) -> dict[str, np.ndarray]:
+    """The split's test side as ``test``, then the diagnostic's extra named index sets."""
+    return {"test": ctx.test_idx, **{k: np.asarray(v, dtype=np.int64) for k, v in extra.items()}}
+
+
+def check_rows(ctx: DiagnosticContext, name: str, chk, setting: str, tests: Mapping, extra: list[dict]) -> list[dict]:
+    """The rows of one check: R before (`probe_rows`), ``R_after``, ``above_floor_after``,
+    ``removed_share``, the diagnostic's `extra` rows, ``accuracy_before`` / ``_after`` /
+    ``_cost`` per test set (setting ``<setting>,test_set=<name>``) and ``check_passed``."""
+    n = chk.probe_before.n_scored_
+    n_after = chk.probe_after.n_scored_
+    out = probe_rows(ctx, name, chk.probe_before, setting=setting, per_class=False)
+    out += [
+        row(ctx, name, "R_after", chk.R_after, setting=setting, ci=chk.probe_after.ci_, n=n_after),
+        row(ctx, name, "above_floor_after", chk.above_floor_after, setting=setting, n=n_after),
+        row(ctx, name, "removed_share", chk.removed_share, setting=setting, n=n),
+        *extra,
+    ]
+    for test in tests:
+        st = f"{setting},test_set={test}"
+        m = len(tests[test])
+        out += [
+            row(ctx, name, "accuracy_before", chk.accuracy_before[test], setting=st, n=m),
+            row(ctx, name, "accuracy_after", chk.accuracy_after[test], setting=st, n=m),
+            row(ctx, name, "accuracy_cost", chk.accuracy_before[test] - chk.accuracy_after[test], setting=st, n=m),
+        ]
+    out.append(row(ctx, name, "check_passed", float(chk.passed), setting=f"{setting},test_set={chk.check_on}", n=n,
+                   min_removed=chk.min_removed, max_cost=chk.max_cost))
+    return out
+
+
+class CheckDiagnostic(Diagnostic):
+    """What the check diagnostics (``leace``, ``linear_adversary``) share: the settings of the
+    check and of its `ParentProbe`, and the set-up of a run (features, test sets, probe)."""
+
+    needs = frozenset({"features", "split"})
+
+    def _check_settings(self, *, test_sets: Mapping | None, check_on: str, min_removed: float, max_cost: float, n_folds: int,
+                        Cs, random_state: int | None) -> None:
+        self.test_sets = dict(test_sets or {})
+        self.check_on = check_on
+        self.min_removed = min_removed
+        self.max_cost = max_cost
+        self.n_folds = n_folds
+        self.Cs = Cs
+        self.random_state = random_state
+
+    def _prepare(self, ctx: DiagnosticContext) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray], ParentProbe, int]:
+        """``(X, labels, parents, tests, probe, seed)`` of a run: the context's features, the test
+        sets (`named_test_sets`) and an unfitted probe with this diagnostic's settings."""
+        why = self.missing(ctx)
+        if why:
+            raise DiagnosticError(f"{self.name} {why}")
+        seed = ctx.seed if self.random_state is None else self.random_state
+        probe = ParentProbe(n_folds=self.n_folds, Cs=self.Cs, random_state=seed)
+        return ctx.features(), ctx.labels, ctx.parents, named_test_sets(ctx, self.test_sets), probe, seed
