@@ -13,7 +13,7 @@ between them when their probe settings match (``DiagnosticContext.cache``).
 
 Example:
     >>> from probes import diagnose                                # doctest: +SKIP
-    >>> rows = diagnose(adapter, crops, "split.csv", cell="leak-low", only=["parent_probe"])
+    >>> rows = diagnose(adapter, crops, "split.csv", cell="leak-low", only=["parent_probe"])  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ A path that cannot be written (its parent is a file, it is a folder, no permissi
 
 Example:
     >>> from shortcutlab.io import atomic_files, write_json     # doctest: +SKIP
-    >>> write_json("out/result.json", {"a": 1})
-    >>> with atomic_files() as stage:
+    >>> write_json("out/result.json", {"a": 1})                 # doctest: +SKIP
+    >>> with atomic_files() as stage:                           # doctest: +SKIP
     ...     frame.to_csv(stage.path("out/split.csv"), index=False)
     ...     write_json(stage.path("out/split.json"), meta)     # both appear, or neither
 """
