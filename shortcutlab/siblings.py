@@ -623,3 +623,217 @@ def calibrate_threshold(seeds: Sequence[int] = (0, 1), thresholds: Sequence[int]
     best = max(table, key=lambda r: (min(r["recall"], r["precision"]), -r["threshold"]))
     return {"threshold": best["threshold"], "rule": "max over t of min(precision, recall), pooled over seeds; smaller t on a tie",
             "seeds": list(seeds), "table": table, "distances_to_source": {k: v.tolist() for k, v in hist.items()}}
+
+
+# ---------------------------------------------------------------------------- inputs
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+
+
+@dataclass(frozen=True, eq=False)
+class ImageSet:
+    """Images named by id, read lazily from `paths`."""
+
+    ids: list
+    paths: list
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def read(self, k: int) -> np.ndarray:
+        return read_image(self.paths[k], self.ids[k])
+
+
+def read_image(path: str, image_id: str) -> np.ndarray:
+    """(H, W, 3) uint8 pixels of one image file (16-bit grey scaled as `data.load_crops`)."""
+    from .data import _read_crop
+
+    if not os.path.exists(path):
+        raise SiblingError(f"image file {path!r} (id {image_id!r}) does not exist")
+    return _read_crop(path, image_id)
+
+
+def images_in_folder(folder: str) -> ImageSet:
+    """Every image file under `folder`, recursively (png, jpg, tif, bmp), ids = relative paths."""
+    if not os.path.exists(folder):
+        raise SiblingError(f"image folder {folder!r} does not exist")
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for f in sorted(files):
+            if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."):
+                found.append(os.path.join(root, f))
+    if not found:
+        raise SiblingError(f"image folder {folder!r} holds no image files ({', '.join(IMAGE_EXTENSIONS)}, searched recursively)")
+    return ImageSet([os.path.relpath(p, folder) for p in found], found, folder)
+
+
+def _read_csv(path: str):
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except UnicodeDecodeError:
+        raise SiblingError(f"manifest {path!r} is not UTF-8 text") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise SiblingError(f"manifest {path!r} is not a readable CSV: {' '.join(str(e).split())}") from None
+
+
+def images_in_manifest(path: str, image: str = "path", id: str = "id", frame=None) -> ImageSet:
+    """The images of a crop manifest CSV (paths relative to the CSV's folder)."""
+    df = _read_csv(path) if frame is None else frame
+    if image not in df.columns:
+        raise SiblingError(f"manifest {path!r} has no image column {image!r} (--image); its columns are: {', '.join(df.columns)}")
+    if len(df) == 0:
+        raise SiblingError(f"manifest {path!r} holds no rows")
+    root = os.path.dirname(os.path.abspath(path))
+    ids = df[id].tolist() if id in df.columns else [str(k) for k in range(len(df))]
+    paths = [p if os.path.isabs(p) else os.path.join(root, p) for p in df[image].tolist()]
+    return ImageSet(ids, paths, path)
+
+
+def _is_split_manifest(path: str, image: str) -> bool:
+    if not (os.path.isfile(path) and path.lower().endswith(".csv")):
+        return False
+    cols = _read_csv(path).columns
+    return "split" in cols and image not in cols
+
+
+def resolve_inputs(train: str, test: str | None, image: str = "path", id: str = "id", cell: str | None = None) -> tuple[ImageSet, ImageSet, str]:
+    """The training and test images named on the command line, and how they were given.
+
+    ``TRAIN TEST``: two folders or crop manifests. ``SPLIT CROPS`` (either order): a split
+    manifest (columns id, split[, cell]) and the crop manifest its ids refer to.
+    """
+    for p in (train, test):
+        if p is not None and not os.path.exists(p):
+            raise SiblingError(f"{p!r} does not exist; give an image folder, a crop manifest CSV or a split manifest CSV")
+    if test is None:
+        raise SiblingError("give TRAIN and TEST (folders or crop manifests), or a split manifest and its crop manifest")
+    split_first, split_second = _is_split_manifest(train, image), _is_split_manifest(test, image)
+    if split_first or split_second:
+        split_path, crops_path = (train, test) if split_first else (test, train)
+        if os.path.isdir(crops_path) or _is_split_manifest(crops_path, image):
+            raise SiblingError(f"split manifest {split_path!r} needs the crop manifest CSV its ids refer to (with an image column {image!r}); got {crops_path!r}")
+        from .manifest import SplitManifest
+
+        rows = SplitManifest.read(split_path).cell(cell)
+        crops = _read_csv(crops_path)
+        if id not in crops.columns:
+            raise SiblingError(f"crop manifest {crops_path!r} has no id column {id!r} (--id) to match the split's ids")
+        sets = []
+        for side in ("train", "test"):
+            ids = rows.loc[rows["split"] == side, "id"].tolist()
+            if not ids:
+                raise SiblingError(f"split manifest {split_path!r} has no {side} side{f' in cell {cell!r}' if cell else ''}; a sibling check needs both")
+            sub = crops.set_index(id, drop=False).reindex(ids)
+            missing = sub[image].isna()
+            if missing.any():
+                raise SiblingError(f"split manifest {split_path!r} names ids that are not in {crops_path!r}, e.g. {ids[int(np.flatnonzero(missing)[0])]!r}")
+            sets.append(images_in_manifest(crops_path, image, id, frame=sub.reset_index(drop=True)))
+        return sets[0], sets[1], "split manifest"
+
+    def one(p):
+        return images_in_folder(p) if os.path.isdir(p) else images_in_manifest(p, image, id)
+
+    return one(train), one(test), "folders or manifests"
+
+
+def hash_image_set(images: ImageSet, variants: bool) -> np.ndarray:
+    """(N,) pHashes or (N, 8) dihedral hashes of an image set, read in chunks."""
+    out = []
+    for lo in range(0, len(images), _CHUNK):
+        batch = [images.read(k) for k in range(lo, min(lo + _CHUNK, len(images)))]
+        out.append(dihedral_hashes(batch) if variants else phash_images(batch))
+    return np.concatenate(out)
+
+
+# ---------------------------------------------------------------------------- contact sheet
+def contact_sheet(pairs: Sequence[tuple[np.ndarray, np.ndarray, str]], path: str, *, tile: int = 96, columns: int = 4, title: str = "") -> None:
+    """Write a PNG of image pairs side by side (test | training), each with a caption; atomic.
+
+    Args:
+        pairs: (test image, training image, caption) triples, (H, W, 3) uint8.
+        path: output PNG.
+        tile: side of each image tile in pixels (nearest-neighbour scaling).
+        columns: pairs per row.
+        title: a line above the grid.
+    """
+    from PIL import Image, ImageDraw
+
+    from .io import atomic_path
+
+    cap, head, gap = 14, 18, 6
+    rows = max(1, math.ceil(len(pairs) / columns))
+    width = columns * (2 * tile + gap) + gap
+    height = head + rows * (tile + cap + gap) + gap
+    sheet = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(sheet)
+    draw.text((gap, 3), title or ("no pairs to show" if not pairs else ""), fill="black")
+    for k, (a, b, caption) in enumerate(pairs):
+        r, c = divmod(k, columns)
+        x0, y0 = gap + c * (2 * tile + gap), head + r * (tile + cap + gap)
+        for off, img in ((0, a), (tile, b)):
+            im = Image.fromarray(np.asarray(img, dtype=np.uint8)).convert("RGB").resize((tile, tile), Image.Resampling.NEAREST)
+            sheet.paste(im, (x0 + off, y0))
+        draw.text((x0, y0 + tile + 1), caption, fill="black")
+    with atomic_path(path) as tmp:
+        sheet.save(tmp, format="PNG")
+
+
+def run(train: str, test: str | None, out: str, *, threshold: int | None = None, ssim_min: float | None = None,
+        image: str = "path", id: str = "id", cell: str | None = None, n_sheet: int = 24) -> dict:
+    """The `shortcutlab siblings` command: search, then write siblings.csv, siblings.json and
+    contact_sheet.png into `out` (all three or none). Returns the JSON summary."""
+    import time
+
+    import pandas as pd
+
+    from .io import atomic_files, to_json
+
+    t = DEFAULT_THRESHOLD if threshold is None else check_threshold(threshold)
+    ssim_min = check_ssim_min(ssim_min)
+    start = time.perf_counter()
+    tr, te, given_as = resolve_inputs(train, test, image, id, cell)
+    res = search_hashes(hash_image_set(tr, False), hash_image_set(te, True), t)
+    if ssim_min is not None:
+        res = with_ssim(res, te.read, tr.read, ssim_min)
+    seconds = time.perf_counter() - start
+    found = res.nearest >= 0
+    frame = pd.DataFrame({
+        "test_id": te.ids, "test_path": te.paths,
+        "train_id": [tr.ids[j] if j >= 0 else "" for j in res.nearest],
+        "train_path": [tr.paths[j] if j >= 0 else "" for j in res.nearest],
+        "distance": pd.Series(res.distance, dtype="Int64").where(found),
+        "transform": [TRANSFORMS[g] if g >= 0 else "" for g in res.transform],
+        "n_train_siblings": res.n_siblings,
+    })
+    if res.ssim is not None:
+        frame["ssim"] = np.round(res.ssim, 4)
+    frame["is_sibling"] = res.is_sibling
+    by_transform = {TRANSFORMS[g]: int(((res.transform == g) & res.is_sibling).sum()) for g in range(8)}
+    summary = {
+        "share": res.share,
+        "n_test": len(te), "n_train": len(tr), "n_with_sibling": int(res.is_sibling.sum()),
+        "n_hash_siblings": int(found.sum()),
+        "threshold": t,
+        "threshold_source": "--threshold" if threshold is not None else
+            "default: max min(precision, recall) on the synthetic augmentations (shortcutlab.siblings.calibrate_threshold)",
+        "ssim_min": ssim_min,
+        "by_transform": by_transform,
+        "hash": "imagehash.phash (64-bit DCT, 32 x 32 Lanczos grey), test image under 8 dihedral transforms vs training image",
+        "inputs": {"train": train, "test": test, "given_as": given_as, "cell": cell},
+        "seconds": round(seconds, 3),
+    }
+    test_idx, train_idx = res.pairs()
+    shown = []
+    for i, j in zip(test_idx[:n_sheet], train_idx[:n_sheet]):
+        cap = f"d={res.distance[i]} {TRANSFORMS[res.transform[i]]}" + (f" ssim {res.ssim[i]:.2f}" if res.ssim is not None else "")
+        shown.append((te.read(int(i)), tr.read(int(j)), cap))
+    title = f"closest test | training pairs: {len(test_idx)} of {len(te)} test images have a sibling (<= {t} bits)"
+    with atomic_files() as stage:
+        frame.to_csv(stage.path(os.path.join(out, "siblings.csv")), index=False)
+        contact_sheet(shown, stage.path(os.path.join(out, "contact_sheet.png")), title=title)
+        with open(stage.path(os.path.join(out, "siblings.json")), "w", encoding="utf-8") as f:
+            f.write(to_json(summary))
+    return summary
