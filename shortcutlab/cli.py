@@ -1,4 +1,4 @@
-"""The `shortcutlab` command line: audit, split, verify, synth, train, demo, diagnose.
+"""The `shortcutlab` command line: audit, split, verify, synth, train, demo, diagnose, siblings.
 
 Run ``shortcutlab COMMAND --help`` for the options of each command.
 """
@@ -210,6 +210,8 @@ def cmd_split(args) -> int:
         params["unit"] = unit
     if p == "parent-dedup":
         params["max_distance"] = args.max_distance
+        if args.invariant:
+            params["invariant"] = True
     if p == "factorial":
         params["test_parent_share"] = args.test_parent_share
         params["diversity_contrast"] = args.diversity_contrast
@@ -357,6 +359,19 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_siblings(args) -> int:
+    from .siblings import run
+
+    _check_output_folder(args.out, "--out")
+    summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
+                  id=args.id, cell=args.cell, n_sheet=args.pairs)
+    how = "" if args.threshold is not None else " (default, chosen on synthetic augmentations)"
+    print(f"{summary['n_with_sibling']} of {summary['n_test']} test images ({100 * summary['share']:.2f}%) have a training sibling "
+          f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else ""))
+    print(f"wrote {os.path.join(args.out, 'siblings.csv')}, siblings.json, contact_sheet.png ({summary['seconds']} s)")
+    return 0
+
+
 def _diagnose_params(items: list[str]) -> dict[str, dict]:
     """--param DIAGNOSTIC.KEY=VALUE options as {diagnostic: {key: value}}."""
     out: dict[str, dict] = {}
@@ -458,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, metavar="MANIFEST.csv")
     s.add_argument("--unit", choices=("parent", "group"), help="split unit for parent/parent-dedup (default: group when --group is given)")
     s.add_argument("--max-distance", type=int, default=4, help="parent-dedup: Hamming threshold in bits (default 4)")
+    s.add_argument("--invariant", action="store_true", help="parent-dedup: link crops under flips and right-angle rotations too (hashes the --image files)")
     s.add_argument("--test-parent-share", type=float, default=0.3, help="factorial: share of multi-crop parents giving half their crops to test")
     s.add_argument("--diversity-contrast", type=float, default=1.43, help="factorial: parents in the high over the low level")
     s.add_argument("--reserve-parent-share", type=float, default=0.0, metavar="R",
@@ -536,6 +552,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-cache", dest="cache", action="store_false", help="do not cache features on disk (OUT/.features)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_diagnose)
+
+    b = sub.add_parser("siblings", help="share of test images that are flipped/rotated/re-exposed copies of training images (no parent labels)")
+    b.add_argument("train", help="training images: a folder, a crop manifest CSV, or a split manifest CSV (then TEST is its crop manifest)")
+    b.add_argument("test", nargs="?", help="test images: a folder or a crop manifest CSV (or the crop manifest of a split manifest)")
+    b.add_argument("--out", default="siblings", metavar="DIR", help="folder for siblings.csv, siblings.json, contact_sheet.png (default siblings)")
+    b.add_argument("--threshold", type=int, metavar="BITS", help="Hamming threshold of the 64-bit pHash (default: chosen on synthetic augmentations, 6)")
+    b.add_argument("--ssim", type=float, metavar="MIN", help="confirm each sibling by the SSIM of the aligned pair (e.g. 0.7)")
+    b.add_argument("--image", default="path", help="image column of crop manifests (default path)")
+    b.add_argument("--id", default="id", help="id column of crop manifests (default id)")
+    b.add_argument("--cell", help="cell of a multi-cell split manifest")
+    b.add_argument("--pairs", type=int, default=24, help="pairs on the contact sheet (default 24)")
+    b.set_defaults(func=cmd_siblings)
 
     v = sub.add_parser("verify", help="check a manifest against a registered hash")
     v.add_argument("manifest")

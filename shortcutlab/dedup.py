@@ -37,13 +37,16 @@ from .errors import ShortcutlabError, TableError
 
 __all__ = [
     "DedupResult",
+    "all_pairs_between",
     "all_pairs_near_duplicates",
     "hamming_distance",
     "hashes_for_ids",
     "hashes_from_hex",
     "link_parents",
+    "link_parents_dihedral",
     "merge_linked_parents",
     "near_duplicate_pairs",
+    "near_duplicates_between",
     "perceptual_hashes",
 ]
 
@@ -460,6 +463,152 @@ def all_pairs_near_duplicates(
     return i, j
 
 
+# ---------------------------------------------------------------------------- query vs reference
+def _ranges(starts: np.ndarray, counts: np.ndarray, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(owner, position) pairs: owner k covers positions starts[k] .. starts[k] + counts[k] - 1,
+    enumerated in batches of at most `batch` (memory O(batch) whatever the counts)."""
+    pos = np.flatnonzero(counts)
+    if len(pos) == 0:
+        return
+    cnt = counts[pos]
+    cum = np.cumsum(cnt)
+    first = cum - cnt
+    total = int(cum[-1])
+    for lo in range(0, total, batch):
+        hi = min(lo + batch, total)
+        k0 = int(np.searchsorted(cum, lo, side="right"))
+        k1 = int(np.searchsorted(cum, hi - 1, side="right")) + 1
+        take = np.minimum(cum[k0:k1], hi) - np.maximum(first[k0:k1], lo)
+        owner = np.repeat(np.arange(k0, k1), take)
+        offset = np.arange(lo, hi) - first[owner]
+        yield pos[owner], starts[pos[owner]] + offset
+
+
+def _all_cross_batches(q: np.ndarray, r: np.ndarray, t: int, block_elements: int):
+    rows = max(1, int(block_elements) // max(len(r), 1))
+    for lo in range(0, len(q), rows):
+        d = _popcount(q[lo : lo + rows, None] ^ r[None, :])
+        a, b = np.nonzero(d <= t)
+        if len(a):
+            yield a + lo, b, d[a, b].astype(np.int64)
+
+
+def _cross_unique_batches(uq: np.ndarray, ur: np.ndarray, t: int, batch_pairs: int):
+    """(a, b, d) for distinct query values uq[a] and reference values ur[b] within `t` bits,
+    each pair once: candidates share one of the ``t + 1`` chunks exactly (pigeonhole), and a
+    pair agreeing on several chunks is kept at its first."""
+    chunks = _chunks(t)
+    plans = []
+    n_candidates = 0
+    for shift, mask in chunks:
+        kr = (ur >> np.uint64(shift)) & mask
+        order = np.argsort(kr, kind="stable")
+        sorted_kr = kr[order]
+        kq = (uq >> np.uint64(shift)) & mask
+        lo = np.searchsorted(sorted_kr, kq, side="left")
+        cnt = np.searchsorted(sorted_kr, kq, side="right") - lo
+        n_candidates += int(cnt.sum())
+        plans.append((order, lo, cnt))
+    if n_candidates * _CANDIDATE_COST > len(uq) * len(ur):
+        yield from _all_cross_batches(uq, ur, t, batch_pairs)
+        return
+    for c, (order, lo, cnt) in enumerate(plans):
+        for a, p in _ranges(lo, cnt, batch_pairs):
+            b = order[p]
+            x = uq[a] ^ ur[b]
+            d = _popcount(x)
+            keep = d <= t
+            if c:
+                for prev_shift, prev_mask in chunks[:c]:
+                    keep &= ((x >> np.uint64(prev_shift)) & prev_mask) != 0
+            if keep.any():
+                yield a[keep], b[keep], d[keep].astype(np.int64)
+
+
+def _expand(a, b, d, q_members, q_start, q_size, r_members, r_start, r_size):
+    """Every copy of query value a with every copy of reference value b."""
+    na, nb = q_size[a], r_size[b]
+    if np.all((na == 1) & (nb == 1)):
+        return q_members[q_start[a]], r_members[r_start[b]], d
+    per = na * nb
+    owner = np.repeat(np.arange(len(a)), per)
+    k = np.arange(len(owner)) - np.repeat(np.cumsum(per) - per, per)
+    return (
+        q_members[q_start[a][owner] + k // nb[owner]],
+        r_members[r_start[b][owner] + k % nb[owner]],
+        d[owner],
+    )
+
+
+def near_duplicate_batches_between(query, reference, max_distance: int, *, batch_pairs: int = _BATCH_PAIRS):
+    """Batches of (i, j, d): query i and reference j within `max_distance` bits, d the distance.
+
+    The generator behind `near_duplicates_between`, for callers that reduce each batch (per
+    query nearest, distinct parent pairs) instead of listing every pair. Identical hashes on
+    either side are collapsed before searching and expanded per batch. Pairs come in no
+    particular order; each appears exactly once.
+    """
+    t = _check_distance(max_distance)
+    q = _as_uint64(query, "query hashes").reshape(-1)
+    r = _as_uint64(reference, "reference hashes").reshape(-1)
+    if len(q) == 0 or len(r) == 0:
+        return
+    batch_pairs = max(1, int(batch_pairs))
+    uq, iq = np.unique(q, return_inverse=True)
+    ur, ir = np.unique(r, return_inverse=True)
+    qm = _group_members(iq.reshape(-1), len(uq))
+    rm = _group_members(ir.reshape(-1), len(ur))
+    for a, b, d in _cross_unique_batches(uq, ur, t, batch_pairs):
+        yield _expand(a, b, d, *qm, *rm)
+
+
+def near_duplicates_between(
+    query, reference, max_distance: int, *, batch_pairs: int = _BATCH_PAIRS
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All (query i, reference j) pairs whose hashes differ in at most `max_distance` bits.
+
+    The two-set form of `near_duplicate_pairs`: the reference hashes are bucketed by each of
+    ``max_distance + 1`` disjoint bit chunks (one sort per chunk), each query looks its chunks
+    up by binary search, and the candidates are verified; pairs inside one set are never
+    formed. When the bucket sizes show that the candidates would cost more than comparing
+    every pair, every pair is compared instead; the result is the same.
+
+    Args:
+        query: (Q,) uint64 hashes (int64 with the same bits accepted).
+        reference: (R,) uint64 hashes.
+        max_distance: largest Hamming distance counted, 0..32 bits.
+        batch_pairs: candidates verified at once (memory knob only).
+
+    Returns:
+        (i, j, d): three (P,) int64 arrays sorted by i then j; d the Hamming distance.
+
+    Example:
+        >>> q = np.array([0b1011, 0xFF00], dtype=np.uint64)
+        >>> near_duplicates_between(q, np.array([0b1010, 0b0011, 0], dtype=np.uint64), 1)
+        (array([0, 0]), array([0, 1]), array([1, 1]))
+    """
+    parts = list(near_duplicate_batches_between(query, reference, max_distance, batch_pairs=batch_pairs))
+    return _sort_triples(parts, len(np.asarray(reference).reshape(-1)))
+
+
+def _sort_triples(parts, n_ref: int):
+    if not parts:
+        e = np.empty(0, dtype=np.int64)
+        return e, e.copy(), e.copy()
+    i, j, d = (np.concatenate(col).astype(np.int64) for col in zip(*parts))
+    order = np.lexsort((j, i))
+    return i[order], j[order], d[order]
+
+
+def all_pairs_between(query, reference, max_distance: int, *, block_elements: int = 1 << 22):
+    """Quadratic reference for `near_duplicates_between`: every query against every reference."""
+    t = _check_distance(max_distance)
+    q = _as_uint64(query, "query hashes").reshape(-1)
+    r = _as_uint64(reference, "reference hashes").reshape(-1)
+    parts = list(_all_cross_batches(q, r, t, block_elements))
+    return _sort_triples(parts, len(r))
+
+
 # ---------------------------------------------------------------------------- merging parents
 def _dense_parents(parent_codes) -> tuple[np.ndarray, np.ndarray]:
     """(dense, values): each crop's parent as 0..P-1 in sorted order, and the P sorted parents."""
@@ -616,6 +765,56 @@ def link_parents(parent_codes: np.ndarray, hashes: np.ndarray, max_distance: int
     comp, smallest = _merge_dense(n_parents, edges_u, edges_v)
     return DedupResult(
         merged_codes=comp[dense],
+        n_pairs=n_pairs,
+        n_parents_before=n_parents,
+        n_parents_after=len(smallest),
+        max_distance=t,
+        first_parents=values[smallest],
+    )
+
+
+def link_parents_dihedral(parent_codes: np.ndarray, variant_hashes: np.ndarray, max_distance: int = 4) -> DedupResult:
+    """`link_parents` under flips and right-angle rotations (protocol P3 with ``invariant``).
+
+    Crops i and j are linked when some transform of i is within `max_distance` bits of j,
+    ``min_g d(h(g x_i), h(x_j)) <= t``: every transformed hash of every crop is searched
+    against the untransformed hashes (`near_duplicate_batches_between`), and each batch is
+    reduced to distinct parent pairs at once, so memory stays bounded by the parents.
+
+    Args:
+        parent_codes: (N,) parent of each crop.
+        variant_hashes: (N, K) uint64: column 0 the crop's own hash, columns 1.. its transforms
+            (`shortcutlab.siblings.dihedral_hashes` gives K = 8).
+        max_distance: Hamming threshold in bits, 0..32.
+
+    Returns:
+        A `DedupResult`; `n_pairs` counts linked (crop, crop) pairs i != j over all transforms
+        of i (a pair linked by two transforms counts once per transform).
+
+    Raises:
+        TableError: shapes do not match.
+    """
+    t = _check_distance(max_distance)
+    v = _as_uint64(variant_hashes, "variant hashes")
+    dense, values = _dense_parents(parent_codes)
+    if v.ndim != 2 or len(v) != len(dense) or v.shape[1] < 1:
+        raise TableError(
+            f"variant hashes must be (N, K) with one row per crop: expected ({len(dense)}, K), got shape {v.shape}"
+        )
+    n_parents, k = len(values), v.shape[1]
+    keys, n_pairs = [], 0
+    for i, j, _ in near_duplicate_batches_between(v.ravel(), v[:, 0], t):
+        i = i // k
+        other = i != j
+        n_pairs += int(other.sum())
+        pu, pv = dense[i[other]], dense[j[other]]
+        cross = pu != pv
+        if cross.any():
+            keys.append(np.unique(np.minimum(pu[cross], pv[cross]) * n_parents + np.maximum(pu[cross], pv[cross])))
+    key = np.unique(np.concatenate(keys)) if keys else np.empty(0, dtype=np.int64)
+    comp, smallest = _merge_dense(n_parents, key // max(n_parents, 1), key % max(n_parents, 1))
+    return DedupResult(
+        merged_codes=comp[dense] if len(dense) else np.empty(0, dtype=np.int64),
         n_pairs=n_pairs,
         n_parents_before=n_parents,
         n_parents_after=len(smallest),

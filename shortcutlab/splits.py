@@ -425,6 +425,7 @@ def dedup_split(
     hashes: HashesById | None = None,
     max_distance: int = 4,
     unit: str = "parent",
+    invariant: bool = False,
 ) -> SplitManifest:
     """P3: merge parents linked by near-duplicate crops, then split parent-disjointly.
 
@@ -436,6 +437,10 @@ def dedup_split(
             `hashes` the table's phash column is used, else the crop images in its image
             column are hashed.
         max_distance: Hamming threshold (bits) under which two crops are near-duplicates.
+        invariant: link a crop also to flipped and right-angle rotated copies of another
+            (``min_g d(h(g x_i), h(x_j))`` over the eight dihedral transforms, as
+            `shortcutlab.siblings`); needs the crop images (the image column), since the
+            transformed hashes cannot be derived from stored 64-bit hashes.
         Other arguments as in `parent_split`.
 
     Raises:
@@ -458,15 +463,29 @@ def dedup_split(
     if unit not in ("parent", "group", "patient"):
         raise SplitError(f"split unit must be 'parent' or 'group' (patient), got {unit!r}")
     unit = "group" if unit in ("group", "patient") else "parent"
-    if hashes is None and "phash" in table.frame.columns:
-        hashes = "phash"
-    if hashes is None:
-        if not table.has_images:
-            raise SplitError("parent-dedup needs perceptual hashes: give an image column (--image COL) or a hash column (--hash-column COL)")
-        h = dedup.perceptual_hashes(table.frame["image"].tolist())
+    if invariant:
+        if hashes is not None or not table.has_images:
+            raise SplitError(
+                "parent-dedup with invariant=True (--invariant) hashes the crop images under flips and rotations: "
+                "give an image column (--image COL), not stored hashes"
+            )
+        from .siblings import dihedral_hashes, read_image
+
+        ids = table.ids
+        variants = dihedral_hashes([read_image(p, ids[k]) for k, p in enumerate(table.frame["image"].tolist())])
+        res = dedup.link_parents_dihedral(table.parent_codes, variants, max_distance=max_distance)
+        method = "phash-64 under the 8 dihedral transforms, multi-index hashing + connected components"
     else:
-        h = _hashes_by_id(table, hashes)
-    res = dedup.link_parents(table.parent_codes, h, max_distance=max_distance)
+        if hashes is None and "phash" in table.frame.columns:
+            hashes = "phash"
+        if hashes is None:
+            if not table.has_images:
+                raise SplitError("parent-dedup needs perceptual hashes: give an image column (--image COL) or a hash column (--hash-column COL)")
+            h = dedup.perceptual_hashes(table.frame["image"].tolist())
+        else:
+            h = _hashes_by_id(table, hashes)
+        res = dedup.link_parents(table.parent_codes, h, max_distance=max_distance)
+        method = "phash-64 multi-index hashing + connected components"
     # A merged parent is named after its first member, so manifests stay readable.
     frame = table.to_frame()
     frame["parent"] = table.parents[res.first_parents[res.merged_codes]]
@@ -505,7 +524,7 @@ def dedup_split(
         "seed": int(seed),
         "unit": unit,
         "stratified_by": "label",
-        "dedup": {"method": "phash-64 multi-index hashing + connected components", "max_distance": int(max_distance)},
+        "dedup": {"method": method, "max_distance": int(max_distance), **({"invariant": True} if invariant else {})},
     }
     return _manifest(table, side, "parent-dedup", params, rep)
 

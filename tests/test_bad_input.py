@@ -772,3 +772,61 @@ ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + ID
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])
 def test_bad_input(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+
+
+# --- SIBLINGS: the pixel-sibling check ----------------------------------------------------------
+def _sib_folder(tmp_path, name="imgs", n=2, bad: bytes | None = None):
+    folder = tmp_path / name
+    folder.mkdir()
+    for k in range(n):
+        (folder / f"i{k}.png").write_bytes(_image_bytes(_np.full((8, 8, 3), 40 * k, _np.uint8)))
+    if bad is not None:
+        (folder / "broken.png").write_bytes(bad)
+    return str(folder)
+
+
+def _sib_split(tmp_path, sides):
+    _sib_folder(tmp_path)
+    _pd.DataFrame({"id": ["a", "b"], "path": ["imgs/i0.png", "imgs/i1.png"]}).to_csv(tmp_path / "crops.csv", index=False)
+    _pd.DataFrame({"id": ["a", "b"], "split": sides}).to_csv(tmp_path / "split.csv", index=False)
+    return [str(tmp_path / "split.csv"), str(tmp_path / "crops.csv")]
+
+
+SIBLINGS_CLI_CASES = [
+    ("missing-folder", lambda t: [str(t / "nope"), _sib_folder(t)], "does not exist"),
+    ("folder-without-images", lambda t: [_sib_folder(t), str((t / "empty").mkdir() or t / "empty")], "holds no image files"),
+    ("unreadable-image", lambda t: [_sib_folder(t), _sib_folder(t, "test", bad=b"\x89PNG\r\n\x1a\nbroken")], "broken.png"),
+    ("split-without-test-side", lambda t: _sib_split(t, ["train", "train"]), "has no test side"),
+    ("split-without-train-side", lambda t: _sib_split(t, ["test", "val"]), "has no train side"),
+    ("manifest-without-image-column", lambda t: [_csv(t, "id,file\na,x.png\n", "m.csv"), _sib_folder(t)], "no image column 'path'"),
+    ("missing-image-in-manifest", lambda t: [_csv(t, "id,path\na,gone.png\n", "m.csv"), _sib_folder(t)], "gone.png"),
+    ("threshold-out-of-range", lambda t: [_sib_folder(t), _sib_folder(t, "b"), "--threshold", "40"], "between 0 and 32"),
+    ("ssim-out-of-range", lambda t: [_sib_folder(t), _sib_folder(t, "b"), "--ssim", "2"], "[-1, 1]"),
+    ("only-one-input", lambda t: [_sib_folder(t)], "give TRAIN and TEST"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", [(c[1], c[2]) for c in SIBLINGS_CLI_CASES], ids=[c[0] for c in SIBLINGS_CLI_CASES])
+def test_cli_siblings_names_the_culprit(argv, expected, tmp_path, capsys) -> None:
+    line = cli_error(["siblings", *argv(tmp_path), "--out", str(tmp_path / "out")], capsys)
+    assert expected.lower() in line.lower(), line
+    assert not (tmp_path / "out").exists()
+
+
+def _sib_invariant_with_hashes(tmp):
+    from shortcutlab import dedup_split
+
+    df, t = _split_table(phash=_hex)
+    return dedup_split(t, hashes="phash", invariant=True)
+
+
+SIBLINGS_CASES: list[Case] = [
+    Case("siblings-images-wrong-dtype", lambda t: __import__("shortcutlab.siblings").siblings.phash_images(_np.zeros((2, 8, 8, 3), _np.float32)), ShortcutlabError, ("uint8", "float32")),
+    Case("siblings-images-wrong-shape", lambda t: __import__("shortcutlab.siblings").siblings.phash_images(_np.zeros((2, 8, 8, 5), _np.uint8)), ShortcutlabError, ("(N, H, W, 3)", "(2, 8, 8, 5)")),
+    Case("dedup-invariant-needs-images", _sib_invariant_with_hashes, SplitError, ("--invariant", "--image")),
+]
+
+
+@pytest.mark.parametrize("case", SIBLINGS_CASES, ids=[c.id for c in SIBLINGS_CASES])
+def test_bad_input_siblings(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
