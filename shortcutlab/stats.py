@@ -125,13 +125,12 @@ def _check_predictions(pred: pd.DataFrame, columns=PREDICTION_COLUMNS) -> pd.Dat
             value = out["exposure"][bad].iloc[0]
             raise StatsError(f"predictions column 'exposure' holds {value!r} in {_rows(bad)}; expected 'leak', 'clean' "
                              f"or '' (not a factorial cell)")
-    seed = out["seed"]
-    if seed.isna().any() or not (pd.api.types.is_integer_dtype(seed) or (pd.api.types.is_float_dtype(seed) and
-                                                                         (seed == np.round(seed)).all())):
-        bad = seed.isna() | (pd.to_numeric(seed, errors="coerce") % 1 != 0)
-        raise StatsError(f"predictions column 'seed' holds {seed[bad].iloc[0] if bad.any() else seed.iloc[0]!r} in "
-                         f"{_rows(bad if bad.any() else np.zeros(len(seed), bool) | True)}; expected an integer seed")
-    out["seed"] = seed.astype(np.int64)
+    num = pd.to_numeric(out["seed"], errors="coerce")
+    bad = (num.isna() | (num % 1 != 0)).to_numpy()
+    if bad.any():
+        raise StatsError(f"predictions column 'seed' holds {out['seed'][bad].iloc[0]!r} in {_rows(bad)}; "
+                         f"expected an integer seed")
+    out["seed"] = num.astype(np.int64)
     corr = out["correct"]
     if pd.api.types.is_bool_dtype(corr):
         out["correct"] = corr.astype(np.float64)
@@ -641,7 +640,7 @@ def holm(pvalues, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     ok = np.isfinite(p)
     if ((p[ok] < 0) | (p[ok] > 1)).any():
         bad = p[ok][(p[ok] < 0) | (p[ok] > 1)][0]
-        raise StatsError(f"holm: p-value {bad!r} lies outside [0, 1]")
+        raise StatsError(f"holm: p-value {float(bad)!r} lies outside [0, 1]")
     adj = np.full_like(p, np.nan)
     q = p[ok]
     m = len(q)
@@ -716,7 +715,9 @@ def dose_response(frame: pd.DataFrame, *, x: str = "R", y: str = "gap", cluster:
         vals = pd.to_numeric(frame[col], errors="coerce")
         bad = ~np.isfinite(vals.to_numpy(dtype=float))
         if bad.any():
-            raise StatsError(f"dose-response column {col!r} holds {frame[col][bad].iloc[0]!r} in {_rows(bad)}; "
+            value = frame[col][bad].iloc[0]
+            value = float(value) if isinstance(value, (float, np.floating)) else value
+            raise StatsError(f"dose-response column {col!r} holds {value!r} in {_rows(bad)}; "
                              f"expected a finite number")
     rows = []
     groups = frame.groupby(by, sort=True) if by else [((), frame)]
