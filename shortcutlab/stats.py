@@ -153,12 +153,13 @@ def _as_str(col: pd.Series) -> pd.Series:
     return col.astype(str)
 
 
-def _codes(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
-    """One int64 group code per row for the combination of `columns` (dense, unsorted)."""
+def _codes(frame: pd.DataFrame, columns: Sequence) -> np.ndarray:
+    """One int64 group code per row for the combination of `columns` (names of frame's columns
+    or arrays of its length; dense, unsorted)."""
     code = np.zeros(len(frame), dtype=np.int64)
     size = 1
     for col in columns:
-        c, u = pd.factorize(frame[col])
+        c, u = pd.factorize(frame[col] if isinstance(col, str) else col)
         if size * max(1, len(u)) >= 2 ** 62:
             code = np.unique(code, return_inverse=True)[1].astype(np.int64)
             size = int(code.max()) + 1 if len(code) else 1
@@ -323,25 +324,32 @@ LEAK_COLUMNS = ["estimand", "condition", "arch", "diversity", "intervention", "e
 def _factorial(pred: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
     """Factorial rows restricted to crops scored by both the leak and the clean model of their
     (condition, seed, arch, diversity, intervention); plus records of groups that lack one side."""
-    fac = pred[pred["exposure"].isin(["leak", "clean"])]
+    is_leak = pred["exposure"].to_numpy() == "leak"
+    fac_mask = is_leak | (pred["exposure"].to_numpy() == "clean")
+    fac = pred if fac_mask.all() else pred[fac_mask]
+    is_leak = is_leak[fac_mask].astype(np.float64)
     keys = ["condition", "arch", "diversity", "intervention"]
+    cell = _codes(fac, keys)
+    n_leak, n_all = np.bincount(cell, weights=is_leak), np.bincount(cell)
+    lone_cells = (n_leak == 0) | (n_leak == n_all)         # a cell without its clean or leak model
     missing = []
-    sides = fac[keys + ["exposure"]].drop_duplicates().astype(str)
-    count = sides.groupby(keys, sort=True)["exposure"].agg(["size", "first"])
-    for key, got in count[count["size"] < 2].iterrows():
-        lacking = "clean" if got["first"] == "leak" else "leak"
-        missing.append(dict(zip(keys, key), reason=f"no {lacking} model in this cell"))
-    pair = keys[:1] + ["seed"] + keys[1:] + ["id"]
-    g = _codes(fac, pair)
-    leak = np.bincount(g, weights=(fac["exposure"] == "leak").to_numpy(float))
-    clean = np.bincount(g, weights=(fac["exposure"] == "clean").to_numpy(float))
-    keep = (leak[g] > 0) & (clean[g] > 0)
-    dropped = len(fac) - int(keep.sum())
-    if dropped and not missing:
-        warnings.warn(f"leak effect: {dropped} of {len(fac)} factorial predictions dropped: their crop was not scored "
+    if lone_cells.any():
+        first = np.unique(cell, return_index=True)[1]
+        for c in np.flatnonzero(lone_cells):
+            row = fac.iloc[first[c]]
+            lacking = "clean" if n_leak[c] else "leak"
+            missing.append(dict({k: str(row[k]) for k in keys}, reason=f"no {lacking} model in this cell"))
+        missing.sort(key=lambda m: tuple(m[k] for k in keys))
+    g = _codes(fac, [cell, "seed", "id"])
+    leak, both = np.bincount(g, weights=is_leak), np.bincount(g)
+    keep = (leak[g] > 0) & (leak[g] < both[g])
+    # rows of a lone cell are recorded in `missing`; warn about the rest
+    dropped = int((~keep & ~lone_cells[cell]).sum())
+    if dropped:
+        warnings.warn(f"leak effect: {dropped} of {len(fac)} factorial predictions left out: their crop was not scored "
                       f"by the paired leak/clean model of the same seed (the effect uses the common test crops)",
                       StatsWarning, stacklevel=3)
-    return fac[keep], missing
+    return (fac if keep.all() else fac[keep]), missing
 
 
 def _leak_rows(cells: _Cells, condition, archs, level, reps, point, pooled: bool, baseline=None):
@@ -375,7 +383,7 @@ def _leak_rows(cells: _Cells, condition, archs, level, reps, point, pooled: bool
     return rows, effects
 
 
-def _factorial_bootstrap(pred, n_boot, seed, pooled):
+def _factorial_bootstrap(pred, n_boot, seed):
     """Per condition: the cells, their point accuracies and replicates (shared draws)."""
     fac, missing = _factorial(pred)
     out = {}
@@ -385,6 +393,12 @@ def _factorial_bootstrap(pred, n_boot, seed, pooled):
         archs = sorted(sub["arch"].unique())
         out[condition] = (cells, cells.point(), reps, archs)
     return out, missing
+
+
+def _prepare(predictions, n_boot, seed):
+    pred = _check_predictions(predictions)
+    _check_unique(pred)
+    return pred, _factorial_bootstrap(pred, n_boot, seed)
 
 
 def _no_factorial_rows(pred, missing, estimand):
@@ -400,7 +414,7 @@ def _no_factorial_rows(pred, missing, estimand):
 
 
 def leak_effect(predictions: pd.DataFrame, *, n_boot: int = 10_000, level: float = 0.95, seed: int = 0,
-                pooled: bool = True) -> pd.DataFrame:
+                pooled: bool = True, _shared=None) -> pd.DataFrame:
     """Leak effect per condition x arch x diversity x intervention, with its two-way bootstrap.
 
     The estimate (the paper's H3) is the accuracy of the leak models minus that of the clean
@@ -441,9 +455,8 @@ def leak_effect(predictions: pd.DataFrame, *, n_boot: int = 10_000, level: float
         >>> bool(row.ci_low < row.estimate < row.ci_high)
         True
     """
-    pred = _check_predictions(predictions)
-    _check_unique(pred)
-    boots, missing = _factorial_bootstrap(pred, n_boot, seed, pooled)
+    # `_shared`: (checked predictions, draws) from `estimates`, which computes the draws once
+    pred, (boots, missing) = _shared or _prepare(predictions, n_boot, seed)
     rows = []
     for condition, (cells, point, reps, archs) in boots.items():
         rows += _leak_rows(cells, condition, archs, level, reps, point, pooled)[0]
@@ -457,7 +470,7 @@ INTERVENTION_COLUMNS = LEAK_COLUMNS[:5] + ["baseline"] + LEAK_COLUMNS[5:] + ["co
 
 
 def intervention_effect(predictions: pd.DataFrame, *, baseline: str = "none", n_boot: int = 10_000,
-                        level: float = 0.95, seed: int = 0, pooled: bool = True) -> pd.DataFrame:
+                        level: float = 0.95, seed: int = 0, pooled: bool = True, _shared=None) -> pd.DataFrame:
     """What each intervention does to the leak, and what it costs clean models.
 
     Per condition x arch (and pooled) x diversity x intervention other than `baseline`, three
@@ -483,9 +496,8 @@ def intervention_effect(predictions: pd.DataFrame, *, baseline: str = "none", n_
         ci_low, ci_high, se, p_value, n_seeds, n_parents, n_crops, n_boot, reason,
         cost_exceeds_leak.
     """
-    pred = _check_predictions(predictions)
-    _check_unique(pred)
-    boots, missing = _factorial_bootstrap(pred, n_boot, seed, pooled)
+    # `_shared`: (checked predictions, draws) from `estimates`, which computes the draws once
+    pred, (boots, missing) = _shared or _prepare(predictions, n_boot, seed)
     rows = []
     for condition, (cells, point, reps, archs) in boots.items():
         _, leak = _leak_rows(cells, condition, archs, level, reps, point, pooled)
@@ -831,7 +843,9 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
                                         reason=f"neither factorial cells nor both protocols {p1!r} and {p2!r}")
                                    for c in unused]))
     if fac_conditions:
-        leak = leak_effect(pred[pred["condition"].isin(fac_conditions)], **kw)
+        fac_pred = pred[pred["condition"].isin(fac_conditions)]
+        shared = (fac_pred, _factorial_bootstrap(fac_pred, n_boot, seed))
+        leak = leak_effect(fac_pred, **kw, _shared=shared)
         primary = leak["intervention"] == baseline
         n_arch = leak.groupby("condition")["arch"].transform(lambda a: (a != "pooled").sum())
         head = primary & ((leak["arch"] == "pooled") | (n_arch == 1))
@@ -841,7 +855,7 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
         parts.append(leak)
         parts.append(_diversity(pred, baseline, **kw))
         if (pred.loc[is_fac, "intervention"] != baseline).any():
-            inter = intervention_effect(pred[pred["condition"].isin(fac_conditions)], baseline=baseline, **kw)
+            inter = intervention_effect(fac_pred, baseline=baseline, **kw, _shared=shared)
             inter["family"] = np.where(inter["estimand"] == "share_removed", "",
                                        inter["estimand"] + ":" + inter["condition"])
             parts.append(inter)

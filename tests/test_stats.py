@@ -61,7 +61,7 @@ def test_leak_point_estimates_match_a_groupby():
 def test_leak_uses_common_test_crops_only():
     pred = grid(archs=("r18",), diversities=("high",), interventions=("none",))
     drop = (pred["exposure"] == "clean") & (pred["id"].isin(["s0p0c0", "s1p2c1"]))
-    with pytest.warns(StatsWarning, match="2 of .* dropped"):
+    with pytest.warns(StatsWarning, match="2 of .* left out"):
         got = leak_effect(pred[~drop], n_boot=0)["estimate"].iloc[0]
     common = pred[~pred["id"].isin(["s0p0c0", "s1p2c1"])]
     acc = common.groupby("exposure")["correct"].mean()
@@ -180,10 +180,11 @@ def naive_crop_boot(pred: pd.DataFrame, n_boot: int, rng) -> tuple[float, float]
 @pytest.mark.slow
 def test_two_way_interval_covers_and_the_naive_one_does_not():
     """500 simulated factorials (20 seeds, 100 parents of 5 crops, the leak's logit gain varying
-    by seed and parent): the two-way interval must cover the population effect 92-98% of the
-    time; the naive crop-level interval clearly less."""
-    design = dict(n_seeds=20, n_parents=100, crops_per_parent=5)
-    truth = true_leak_effect()
+    by seed, sd 0.4, and parent, sd 0.6): the two-way interval must cover the population effect
+    92-98% of the time; the naive crop-level interval clearly less. (The two-way bootstrap is
+    conservative where crop noise dominates: the README gives the coverage in such a design.)"""
+    design = dict(n_seeds=20, n_parents=100, crops_per_parent=5, sd_seed_effect=0.4, sd_parent_effect=0.6)
+    truth = true_leak_effect(**design)
     rng = np.random.default_rng(0)
     n_sets, two_way, naive = 500, 0, 0
     for i in range(n_sets):
@@ -247,7 +248,7 @@ def test_holm_matches_statsmodels():
     multipletests = pytest.importorskip("statsmodels.stats.multitest").multipletests
     rng = np.random.default_rng(0)
     for m in (1, 2, 5, 17, 60):
-        for _ in range(20):
+        for _ in range(4):                      # multipletests takes ~40 ms a call
             p = rng.beta(0.4, 1.5, m)
             p[rng.random(m) < 0.2] = p[0]       # ties
             reject, adj, _, _ = multipletests(p, alpha=0.05, method="holm")
