@@ -427,7 +427,11 @@ def leak_effect(predictions: pd.DataFrame, *, n_boot: int = 10_000, level: float
     seed fixes the data and the split) and, independently, the test parents with replacement (a
     drawn parent brings its crops in every model's test set); the effect is recomputed on the
     weighted data. Percentile interval, two-sided bootstrap p (`bootstrap_summary`). All cells of
-    a condition share the draws, so differences between rows are paired too.
+    a condition share the draws, so differences between rows are paired too. Measured by
+    simulation (README, "Statistics"): 96.4% coverage of the 95% interval with 20 seeds where
+    the leak varies by seed and parent, against 48% for a naive crop-level bootstrap; where crop
+    noise dominates the interval is conservative (the seed x parent noise is counted about
+    three times, Owen 2007), with few seeds slightly liberal (93.8% with 10).
 
     The row ``arch="pooled"`` (when there are two or more architectures) is the unweighted mean
     of the per-architecture effects, resampled under the same draws (seeds jointly across
