@@ -766,7 +766,117 @@ PROBE_CASES += [
 ]
 
 
-ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES
+# --- STATS (shortcutlab.stats) --------------------------------------------------------------------
+from shortcutlab.stats import StatsError  # noqa: E402
+
+STATS_CASES: list[Case] = []
+
+
+def _predictions(**change):
+    import pandas as pd
+
+    rows = [dict(model=f"m-{e}-{s}", condition="color", arch="r18", seed=s, protocol="factorial", cell=f"{e}-high",
+                 exposure=e, diversity="high", intervention="none", id=f"c{c}", parent=f"p{c // 2}", label=0, pred=0,
+                 correct=bool((c + s) % 3), split_sha256="") for s in range(2) for e in ("leak", "clean") for c in range(4)]
+    frame = pd.DataFrame(rows)
+    for col, (row, value) in change.items():
+        frame[col] = frame[col].astype(object)
+        frame.loc[row, col] = value
+    return frame
+
+
+def _stats_missing_column(tmp_path):
+    from shortcutlab.stats import leak_effect
+
+    leak_effect(_predictions().drop(columns=["parent"]), n_boot=10)
+
+
+def _stats_bad_exposure(tmp_path):
+    from shortcutlab.stats import leak_effect
+
+    leak_effect(_predictions(exposure=(5, "leaky")), n_boot=10)
+
+
+def _stats_bad_correct(tmp_path):
+    from shortcutlab.stats import estimates
+
+    estimates(_predictions(correct=(3, 2)), n_boot=10)
+
+
+def _stats_bad_seed(tmp_path):
+    from shortcutlab.stats import protocol_effect
+
+    protocol_effect(_predictions(seed=(6, "s1")), n_boot=10)
+
+
+def _stats_duplicate_crop(tmp_path):
+    import pandas as pd
+
+    from shortcutlab.stats import intervention_effect
+
+    frame = _predictions()
+    intervention_effect(pd.concat([frame, frame.iloc[[2]]], ignore_index=True), n_boot=10)
+
+
+def _stats_empty_parent(tmp_path):
+    from shortcutlab.stats import leak_effect
+
+    leak_effect(_predictions(parent=(4, None)), n_boot=10)
+
+
+def _stats_holm_p_out_of_range(tmp_path):
+    from shortcutlab.stats import holm
+
+    holm([0.01, 1.5])
+
+
+def _stats_dose_nan(tmp_path):
+    import pandas as pd
+
+    from shortcutlab.stats import dose_response
+
+    dose_response(pd.DataFrame({"seed": [0, 1, 2], "R": [0.1, float("nan"), 0.3], "gap": [0.0, 0.1, 0.2]}))
+
+
+def _stats_dose_missing_cluster(tmp_path):
+    import pandas as pd
+
+    from shortcutlab.stats import dose_response
+
+    dose_response(pd.DataFrame({"R": [0.1, 0.2], "gap": [0.0, 0.1]}), cluster="seed")
+
+
+def _stats_not_a_frame(tmp_path):
+    from shortcutlab.stats import leak_effect
+
+    leak_effect([{"model": "m"}])
+
+
+def _stats_results_missing_metric(tmp_path):
+    import pandas as pd
+
+    from shortcutlab.stats import estimates
+
+    estimates(_predictions(), pd.DataFrame({"model": ["m-leak-0"], "diagnostic": ["parent_probe"], "value": [0.2],
+                                            "setting": [""]}), n_boot=10)
+
+
+STATS_CASES += [
+    Case("stats-predictions-missing-column", _stats_missing_column, StatsError, ("predictions", "'parent'", "missing")),
+    Case("stats-exposure-value", _stats_bad_exposure, StatsError, ("exposure", "'leaky'", "row 5", "'leak', 'clean'")),
+    Case("stats-correct-value", _stats_bad_correct, StatsError, ("correct", "row 3", "True/False")),
+    Case("stats-seed-not-integer", _stats_bad_seed, StatsError, ("seed", "'s1'", "row 6", "integer")),
+    Case("stats-crop-scored-twice", _stats_duplicate_crop, StatsError, ("'c2'", "m-leak-0", "twice", "one row per")),
+    Case("stats-empty-parent", _stats_empty_parent, StatsError, ("parent", "row 4", "string")),
+    Case("stats-holm-p-outside-0-1", _stats_holm_p_out_of_range, StatsError, ("holm", "1.5", "[0, 1]")),
+    Case("stats-dose-response-nan", _stats_dose_nan, StatsError, ("'R'", "row 1", "finite")),
+    Case("stats-dose-response-missing-cluster", _stats_dose_missing_cluster, StatsError, ("'seed'", "missing")),
+    Case("stats-predictions-not-a-frame", _stats_not_a_frame, StatsError, ("predictions", "DataFrame", "list")),
+    Case("stats-results-missing-metric", _stats_results_missing_metric, StatsError, ("results", "'metric'", "missing")),
+]
+
+
+ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES + STATS_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])
