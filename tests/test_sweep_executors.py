@@ -284,3 +284,36 @@ def test_ray_names_a_task_function_the_workers_cannot_import(ray_session, tmp_pa
     assert f"train task {tid} failed" in message and "No module named 'late_tasks'" in message
     assert "runtime_env" in message and "\n" not in message
     sys.modules.pop("late_tasks", None)
+
+
+_CONNECTING_DRIVER = """
+import functools, json, sys
+import ray
+from shortcutlab.sweep.ray_executor import RayExecutor
+from test_sweep_executors import diamond, toy
+graph, ids = diamond()
+calls = []
+RayExecutor(address=sys.argv[1]).run(graph.ordered(), functools.partial(toy, sys.argv[2]), lambda t, r: calls.append(t.id))
+print(json.dumps({"calls": calls, "connected_after": ray.is_initialized()}))
+"""
+
+
+@pytest.mark.slow
+def test_ray_connects_to_a_running_cluster_and_leaves_it_running(ray_session, tmp_path):
+    """A second driver joins the module's Ray by its address, as `--address HOST:PORT` does."""
+    import subprocess
+    import sys
+
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]))
+    proc = subprocess.run([sys.executable, "-c", _CONNECTING_DRIVER, address, str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    graph, ids = diamond()
+    assert sorted(report["calls"]) == sorted(ids.values()) and report["connected_after"] is False
+    assert outputs(out) == expected_outputs(graph)
+    assert ray.get(ray.put(1)) == 1  # the cluster it joined is still up
