@@ -216,7 +216,8 @@ class RayExecutor:
         self.close()
 
     def close(self) -> None:
-        """Shut down the local Ray this executor started (nothing otherwise)."""
+        """Shut down the local Ray this executor started, or disconnect from the cluster it
+        connected to (the cluster keeps running); nothing if it found Ray already connected."""
         if self._owns_ray:
             self._owns_ray = False
             _ray().shutdown()
@@ -249,8 +250,7 @@ class RayExecutor:
                 ray.init(**opts)
             except (ConnectionError, TimeoutError, RuntimeError) as e:
                 where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray"
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise RayExecutorError(f"cannot start or reach {where}: {first}") from e
+                raise RayExecutorError(f"cannot start or reach {where}: {_first_line(e)}") from e
         self._owns_ray = True
         return True
 
