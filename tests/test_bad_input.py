@@ -877,6 +877,43 @@ STATS_CASES += [
 
 
 ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES + STATS_CASES
+# --- sweep executors (Ray) -----------------------------------------------------------------------
+from shortcutlab.sweep.ray_executor import RayExecutorError  # noqa: E402  (imports no Ray)
+
+
+def _ray_executor(**kw):
+    from shortcutlab.sweep.ray_executor import RayExecutor
+
+    return RayExecutor(**kw)
+
+
+def _ray_executor_without_ray(tmp_path):
+    import sys
+    from unittest import mock
+
+    from shortcutlab.sweep import get_executor
+
+    with mock.patch.dict(sys.modules, {"ray": None}):  # as if Ray were not installed
+        get_executor("ray", address="auto")
+
+
+def _ray_unreachable(tmp_path):
+    with _ray_executor(address="127.0.0.1:1"):  # nothing listens on port 1: refused at once
+        pass
+
+
+EXECUTOR_CASES: list[Case] = [
+    Case("ray-not-installed", _ray_executor_without_ray, RayExecutorError, ("needs Ray", 'pip install "shortcutlab[ray]"')),
+    Case("ray-negative-retries", lambda p: _ray_executor(max_retries=-1), RayExecutorError, ("max_retries", "integer >= 0", "-1")),
+    Case("ray-zero-cpus", lambda p: _ray_executor(num_cpus=0), RayExecutorError, ("num_cpus", "positive number", "0")),
+    Case("ray-cpus-with-address", lambda p: _ray_executor(address="auto", num_cpus=4), RayExecutorError, ("num_cpus", "local Ray only", "'auto'")),
+    Case("ray-empty-address", lambda p: _ray_executor(address=" "), RayExecutorError, ("address", "'auto'", "HOST:PORT", "' '")),
+    Case("ray-runtime-env-not-a-dict", lambda p: _ray_executor(runtime_env="./code"), RayExecutorError, ("runtime_env must be a dict", "str")),
+    Case("ray-unreachable-address", _ray_unreachable, RayExecutorError, ("cannot reach", "'127.0.0.1:1'", "ray start --head")),
+]
+
+
+ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES + EXECUTOR_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])

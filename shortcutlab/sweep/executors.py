@@ -63,7 +63,7 @@ class LocalExecutor:
 
     def __init__(self, workers: int = 1) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ValueError(f"workers must be a positive integer; got {workers!r}")
+            raise ShortcutlabError(f"workers must be a positive integer; got {workers!r}")
         self.workers = workers
 
     def run(self, tasks: Sequence[Task], fn: TaskFn, on_done: DoneFn | None = None) -> None:
@@ -120,4 +120,4 @@ def get_executor(name: str = "local", **options: Any) -> Executor:
         from .ray_executor import RayExecutor
 
         return RayExecutor(**options)
-    raise ValueError(f"unknown executor {name!r}; expected 'local' or 'ray'")
+    raise ShortcutlabError(f"unknown executor {name!r}; expected 'local' or 'ray'")
