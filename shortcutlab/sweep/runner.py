@@ -197,39 +197,48 @@ def gather(out_dir: str, plan: Plan) -> dict[str, str]:
     from ..stats import wilson_interval
 
     preds, results, splits = [], [], {}
+    keys, shas, n_pred, n_res = [], [], [], []
     for m in plan.models:
-        key = {k: m[k] for k in KEY_COLUMNS + EXTRA_KEY_COLUMNS}
+        keys.append({k: m[k] for k in KEY_COLUMNS + EXTRA_KEY_COLUMNS})
         sres = read_result(out_dir, "score", m["score"])
         sha = sres["split_sha256"]
+        shas.append(sha)
         if m["split_id"]:
             splits[m["split_id"]] = sha
         p = pd.read_parquet(os.path.join(task_dir(out_dir, "score", m["score"]), "predictions.parquet"))
-        p = p.drop(columns=["row", "label_name"], errors="ignore")
-        for k, v in key.items():
-            p[k] = v
-        p["split_sha256"] = sha
-        preds.append(p)
+        preds.append(p.drop(columns=["row", "label_name"], errors="ignore"))
+        n_pred.append(len(p))
         rows = []
         base = None
         for setting, (k, n) in sres["correct_n"].items():
             acc = k / n if n else np.nan
             lo, hi = wilson_interval(k, n) if n else (np.nan, np.nan)
-            rows.append({"run_id": m["model"], "diagnostic": "interventions", "setting": f"intervention={setting}", "metric": "accuracy",
+            rows.append({"diagnostic": "interventions", "setting": f"intervention={setting}", "metric": "accuracy",
                          "value": acc, "ci_low": lo, "ci_high": hi, "n": n})
             if setting == "none":
                 base = acc
             else:
-                rows.append({"run_id": m["model"], "diagnostic": "interventions", "setting": f"intervention={setting}",
+                rows.append({"diagnostic": "interventions", "setting": f"intervention={setting}",
                              "metric": "accuracy_change", "value": acc - base, "ci_low": np.nan, "ci_high": np.nan, "n": n})
         if m["diagnose"]:
             with open(os.path.join(task_dir(out_dir, "diagnose", m["diagnose"]), "rows.json"), encoding="utf-8") as f:
                 rows += json.load(f)
-        r = pd.DataFrame(rows)
-        r["run_id"] = m["model"]
-        for k, v in key.items():
-            r[k] = v
-        r["split_sha256"] = sha
-        results.append(r)
+        results.extend(rows)
+        n_res.append(len(rows))
+
+    def with_keys(frame: pd.DataFrame, counts: list[int]) -> pd.DataFrame:
+        # key columns for all models at once (one column per key, not one per model and key)
+        cols = {k: np.repeat(np.array([kd[k] for kd in keys], dtype=object), counts) for k in KEY_COLUMNS + EXTRA_KEY_COLUMNS}
+        cols["split_sha256"] = np.repeat(np.array(shas, dtype=object), counts)
+        extra = pd.DataFrame(cols, index=frame.index)
+        return pd.concat([frame.drop(columns=[c for c in cols if c in frame.columns]), extra], axis=1)
+
+    if preds:
+        preds = [with_keys(pd.concat(preds, ignore_index=True), n_pred)]
+    if results:
+        r = pd.DataFrame(results)
+        r["run_id"] = np.repeat(np.array([kd["model"] for kd in keys], dtype=object), n_res)
+        results = [with_keys(r, n_res)]
     pcols = list(PREDICTION_COLUMNS) + list(EXTRA_KEY_COLUMNS)
     pred = pd.concat(preds, ignore_index=True)[pcols] if preds else pd.DataFrame(columns=pcols)
     res = pd.concat(results, ignore_index=True) if results else pd.DataFrame(columns=list(ROW_COLUMNS))
