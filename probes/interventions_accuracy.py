@@ -57,44 +57,97 @@ class InterventionAccuracy(Diagnostic):
                 run.append(name)
         return run, skipped
 
-    def _accuracy(self, ctx: DiagnosticContext, fn=None, targets: dict | None = None) -> tuple[int, int]:
-        idx = ctx.test_idx
-        labels = torch.as_tensor(ctx.labels)
-        correct = 0
-        with torch.no_grad():
-            for b in range(0, len(idx), ctx.batch_size):
-                sel = idx[b : b + ctx.batch_size]
-                x, m = ctx.batch(sel)
-                if fn is not None:
-                    kw = {k: v[torch.as_tensor(sel)].to(x.device) for k, v in (targets or {}).items()}
-                    x = fn(x, m, **kw)
-                pred = ctx.adapter.logits(x).argmax(1).cpu()
-                correct += int((pred == labels[torch.as_tensor(sel)]).sum())
-        return correct, len(idx)
-
     def run(self, ctx: DiagnosticContext) -> list[dict]:
-        import interventions
-
         names, skipped = self.applicable(ctx)
-        k0, n = self._accuracy(ctx)
+        labels = ctx.labels[ctx.test_idx]
+        k0 = int((predict_test_side(ctx) == labels).sum())
+        n = len(labels)
         base = k0 / n
         rows = [row(ctx, self.name, "accuracy", base, setting="intervention=none", ci=wilson_interval(k0, n), n=n)]
         for name in names:
-            try:
-                fn = interventions.get(name, **self.params.get(name, {}))
-            except Exception as e:
-                raise DiagnosticError(f"intervention {name!r}: {e}") from None
-            if callable(getattr(fn, "fit", None)) and name not in self.params:
-                rng = np.random.default_rng(ctx.seed)
-                train = ctx.train_idx
-                pick = np.sort(rng.choice(train, size=min(len(train), self.fit_crops), replace=False))
-                x, m = ctx.batch(pick)
-                fn.fit(x, m)
-            if getattr(fn, "stochastic", False):
-                fn.generator = torch.Generator().manual_seed(ctx.seed)
-            k, n = self._accuracy(ctx, fn, ctx.targets.get(name))
+            fn = prepare_intervention(ctx, name, self.params.get(name, {}), fit=name not in self.params, fit_crops=self.fit_crops)
+            k = int((predict_test_side(ctx, fn, ctx.targets.get(name)) == labels).sum())
             rows.append(row(ctx, self.name, "accuracy", k / n, setting=f"intervention={name}", ci=wilson_interval(k, n), n=n))
             rows.append(row(ctx, self.name, "accuracy_change", k / n - base, setting=f"intervention={name}", n=n))
         for name, why in skipped.items():
             rows.append(row(ctx, self.name, "skipped", np.nan, setting=f"intervention={name}", n=0, note=why))
         return rows
+
+
+def prepare_intervention(ctx: DiagnosticContext, name: str, params: dict | None = None, *, fit: bool = True, fit_crops: int = 1024):
+    """The intervention `name` built with `params`, ready to score the run's crops.
+
+    One with a reference to fit (``fit(images, masks)``) is fitted, when `fit` is true, on up
+    to `fit_crops` of the run's training crops drawn with the context's seed; a stochastic one
+    draws from a generator seeded with the context's seed.
+    """
+    import interventions
+
+    try:
+        fn = interventions.get(name, **(params or {}))
+    except Exception as e:
+        raise DiagnosticError(f"intervention {name!r}: {e}") from None
+    if fit and callable(getattr(fn, "fit", None)):
+        rng = np.random.default_rng(ctx.seed)
+        train = ctx.train_idx
+        pick = np.sort(rng.choice(train, size=min(len(train), fit_crops), replace=False))
+        x, m = ctx.batch(pick)
+        fn.fit(x, m)
+    if getattr(fn, "stochastic", False):
+        fn.generator = torch.Generator().manual_seed(ctx.seed)
+    return fn
+
+
+def predict_test_side(ctx: DiagnosticContext, fn=None, targets: dict | None = None) -> np.ndarray:
+    """(n_test,) predicted class codes of the run's test crops (``ctx.test_idx`` order), each
+    batch altered by ``fn(x, mask, **targets)`` first when `fn` is given."""
+    idx = ctx.test_idx
+    out = []
+    with torch.no_grad():
+        for b in range(0, len(idx), ctx.batch_size):
+            sel = idx[b : b + ctx.batch_size]
+            x, m = ctx.batch(sel)
+            if fn is not None:
+                kw = {k: v[torch.as_tensor(sel)].to(x.device) for k, v in (targets or {}).items()}
+                x = fn(x, m, **kw)
+            out.append(ctx.adapter.logits(x).argmax(1).cpu().numpy())
+    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
+
+
+def score_interventions(ctx: DiagnosticContext, settings, fit_crops: int = 1024):
+    """Per-crop predictions on the test side, unaltered and under each intervention setting.
+
+    The sweep's score task and the ``interventions`` diagnostic share `prepare_intervention`
+    and `predict_test_side`, so their accuracies agree.
+
+    Args:
+        ctx: the run's context.
+        settings: (setting name, intervention name, parameters) triples; an intervention is
+            fitted on the training crops unless parameters are given.
+
+    Returns:
+        A DataFrame, one row per setting x test crop: intervention ('none' first), row (table
+        row), id, parent, label and pred (class codes), correct.
+    """
+    import pandas as pd
+
+    idx = ctx.test_idx
+    table = ctx.table
+    labels = ctx.labels[idx]
+    frames = []
+    for setting, name, params in [("none", None, None), *settings]:
+        if name is None:
+            pred = predict_test_side(ctx)
+        else:
+            fn = prepare_intervention(ctx, name, params, fit=not params, fit_crops=fit_crops)
+            pred = predict_test_side(ctx, fn, ctx.targets.get(name))
+        frames.append(pd.DataFrame({
+            "intervention": setting,
+            "row": idx,
+            "id": np.asarray(table.ids, dtype=object)[idx].astype(str),
+            "parent": np.asarray(table.parents, dtype=object)[ctx.parents[idx]].astype(str),
+            "label": labels.astype(np.int64),
+            "pred": pred,
+            "correct": pred == labels,
+        }))
+    return pd.concat(frames, ignore_index=True)

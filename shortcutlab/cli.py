@@ -441,6 +441,57 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from .sweep import get_executor
+    from .sweep.config import load_config
+    from .sweep.runner import run_sweep
+
+    cfg = load_config(args.config)
+    if args.device:
+        from .sweep.config import validate
+
+        raw = dict(cfg.raw, device=args.device)
+        cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)))
+    if args.workers < 1:
+        raise ShortcutlabError(f"--workers must be a positive integer; got {args.workers}")
+    if args.dry_run:
+        summary = run_sweep(cfg, args.out, dry_run=True)
+        for t in summary["tasks"]:
+            print(f"  {'done' if t['done'] else '    '}  {t['kind']:<10} {t['id']}  {t['params']}")
+        print("tasks: " + ", ".join(f"{k} {n} ({summary['done_before'][k]} done)" for k, n in summary["counts"].items())
+              + f"; {summary['n_tasks']} in all, {summary['n_models']} models")
+        return 0
+    _check_output_folder(args.out, "--out")
+    if args.executor == "ray":
+        opts = {"address": args.address} if args.address else {}
+        executor = get_executor("ray", **opts)
+    else:
+        if args.address:
+            raise ShortcutlabError("--address is for --executor ray")
+        executor = get_executor("local", workers=args.workers)
+    summary = run_sweep(cfg, args.out, executor, progress=not args.quiet)
+    ran = summary["n_tasks"] - sum(summary["done_before"].values())
+    print(f"sweep: {summary['n_tasks']} tasks ({ran} run now, {summary['n_tasks'] - ran} already done), "
+          f"{summary['n_models']} models, {summary['seconds']:.1f} s")
+    print(f"wrote {os.path.join(args.out, 'predictions.parquet')} (.csv), results.parquet (.csv), splits.json, sweep.json")
+    return 0
+
+
+def cmd_results(args) -> int:
+    from .sweep.runner import results_table
+
+    table = results_table(args.dir)
+    with _pd_display():
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    return 0
+
+
+def _pd_display():
+    import pandas as pd
+
+    return pd.option_context("display.width", 200, "display.max_rows", 10000, "display.max_columns", 50)
+
+
 def _isnan(v) -> bool:
     import math
 
@@ -564,6 +615,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cell", help="cell of a multi-cell split manifest")
     b.add_argument("--pairs", type=int, default=24, help="pairs on the contact sheet (default 24)")
     b.set_defaults(func=cmd_siblings)
+    w = sub.add_parser("sweep", help="run a grid of benchmarks, splits, models, interventions and diagnostics from a YAML config")
+    w.add_argument("config", metavar="CONFIG.yaml")
+    w.add_argument("--out", required=True, metavar="DIR", help="sweep folder (a sweep started again there resumes)")
+    w.add_argument("--dry-run", action="store_true", help="print the tasks and their counts (done ones marked); run nothing")
+    w.add_argument("--workers", type=int, default=1, metavar="N", help="local executor: processes running tasks (default 1: in this process)")
+    w.add_argument("--executor", choices=("local", "ray"), default="local")
+    w.add_argument("--address", help="ray: cluster address (default: a local Ray instance)")
+    w.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, mps)")
+    w.add_argument("--quiet", action="store_true", help="no progress bar")
+    w.set_defaults(func=cmd_sweep)
+
+    r = sub.add_parser("results", help="print the estimates table of a sweep folder")
+    r.add_argument("dir", metavar="DIR")
+    r.set_defaults(func=cmd_results)
 
     v = sub.add_parser("verify", help="check a manifest against a registered hash")
     v.add_argument("manifest")

@@ -1,7 +1,7 @@
 """The one-command demo: the leak/clean factorial on the synthetic benchmark.
 
 For each condition (a planted acquisition mechanism, and `none` as the negative control) it
-renders a synthetic benchmark in memory, builds the factorial split (one common test set;
+runs a sweep (`sweep_config`: tasks in ``OUT/sweep``, resumable) that renders a synthetic benchmark, builds the factorial split (one common test set;
 leak cells train on the test fields' siblings, clean cells on other fields, at two diversity
 levels with matched crop and field counts), trains one model per cell and seed with the
 paper's recipe, and reports each cell's accuracy on the common test set and the leak effect
@@ -11,6 +11,7 @@ higher; under `none` the difference should be near zero.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -22,7 +23,6 @@ from .data import CropImages
 from .io import atomic_files, check_writable, write_csv, write_json
 from .splits import FACTORIAL_CELLS, factorial_split
 from .table import CropTable
-from .recipe import TrainConfig, train
 
 
 @dataclass(frozen=True)
@@ -76,42 +76,78 @@ def _crops_from_synth(data, source: str = "synthetic benchmark") -> CropImages:
     return CropImages(data.images[order], data.masks[order], table)
 
 
-def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_dir: str) -> list[dict]:
-    """One factorial on one benchmark: train the four cells, return one row per cell."""
-    from .synth import SynthConfig, synthesize, write_synth
+def sweep_config(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig) -> dict:
+    """The built-in sweep config of one demo factorial: the benchmark of `mechanisms` and
+    `seed`, its factorial split, and one model per cell with the demo's recipe."""
+    return {
+        "data": {"synthetic": {
+            "mechanisms": [list(mechanisms)],
+            "strength": cfg.strength,
+            "class_signal": cfg.class_signal,
+            "fields_per_class": cfg.fields_per_class,
+            "mean_cells_per_field": cfg.mean_cells_per_field,
+            "crop_size": cfg.crop_size,
+            "field_size": cfg.field_size or 4 * cfg.crop_size,
+            "n_classes": cfg.n_classes,
+        }},
+        "split": {"protocol": "factorial", "params": {"test_parent_share": cfg.test_parent_share, "diversity_contrast": cfg.diversity_contrast}},
+        "seeds": [seed],
+        "models": [{"arch": cfg.arch, "epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr, "precise_bn": cfg.precise_bn}],
+        "cells": list(FACTORIAL_CELLS),
+        "interventions": "none",
+        "diagnostics": "none",
+        # torch's default thread count, as the demo trained before it became a sweep: float
+        # reductions, hence the last digits of the logits, depend on the thread count
+        "threads": torch.get_num_threads(),
+    }
 
-    scfg = SynthConfig(
-        seed=seed,
-        n_classes=cfg.n_classes,
-        fields_per_class=cfg.fields_per_class,
-        mean_cells_per_field=cfg.mean_cells_per_field,
-        crop_size=cfg.crop_size,
-        field_size=cfg.field_size or 4 * cfg.crop_size,
-        mechanisms=mechanisms,
-        strength=cfg.strength,
-        class_signal=cfg.class_signal,
-    )
-    name = "+".join(mechanisms)
-    # The benchmark and the split go to disk beside the runs, so that every run records its
-    # data (run.json) and `shortcutlab diagnose RUN` can reload it; training uses the crops
-    # already in memory.
-    bench = synthesize(scfg)
+
+def _link(target: str, link: str) -> None:
+    """A relative symbolic link `link` -> `target`, replacing an earlier link."""
+    if os.path.islink(link):
+        os.remove(link)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(os.path.relpath(target, os.path.dirname(link)), link)
+
+
+def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_dir: str) -> list[dict]:
+    """One factorial on one benchmark, run as a sweep in ``out_dir/sweep`` (a demo started
+    again resumes there): train the four cells, return one row per cell.
+
+    ``<condition>_seed<seed>/`` links to the benchmark, the split and each cell's run folder,
+    so that ``shortcutlab diagnose <condition>_seed0/leak-low`` works as before.
+    """
+    from .manifest import SplitManifest
+    from .sweep.config import validate
+    from .sweep.runner import run_sweep
+    from .sweep.tasks import build_plan, read_result, task_dir
+
+    scfg = validate(sweep_config(mechanisms, seed, cfg), source="demo")
+    root = os.path.abspath(os.path.join(out_dir, "sweep"))
+    run_sweep(scfg, root, progress=cfg.progress)
+    plan = build_plan(scfg)
+    name = "+".join(scfg.conditions[0].params["mechanisms"])
     cond_dir = os.path.join(out_dir, f"{name}_seed{seed}")
-    paths = write_synth(bench, os.path.join(cond_dir, "benchmark"))
-    crops = _crops_from_synth(bench, source=paths["manifest"])
-    split = factorial_split(crops.table, seed=seed, test_parent_share=cfg.test_parent_share, diversity_contrast=cfg.diversity_contrast)
-    split_path = os.path.join(cond_dir, "split.csv")
-    split.to_csv(split_path)
-    no_shared = _no_shared_pixels(crops.table, split)
+    synth_id = next(t.id for t in plan.graph.ordered() if t.kind == "synthesise")
+    split_id = plan.models[0]["split_id"]
+    split_path = os.path.join(task_dir(root, "split", split_id), "split.csv")
+    _link(os.path.join(task_dir(root, "synthesise", synth_id), "benchmark"), os.path.join(cond_dir, "benchmark"))
+    _link(split_path, os.path.join(cond_dir, "split.csv"))
+    table = CropTable.from_csv(os.path.join(task_dir(root, "synthesise", synth_id), "benchmark", "manifest.csv"),
+                               id="id", label="label", parent="parent", box="x,y,w,h")
+    split = SplitManifest.read(split_path)
+    no_shared = _no_shared_pixels(table, split)
     rows = []
-    for cell in FACTORIAL_CELLS:
-        tcfg = TrainConfig(arch=cfg.arch, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, precise_bn=cfg.precise_bn, seed=seed)
-        run_dir = os.path.join(out_dir, f"{name}_seed{seed}", cell)
-        rec = train(crops, split_path, run_dir, tcfg, cell=cell, progress=cfg.progress)
-        level = cell.split("-")[1]
-        subset = no_shared[level]
-        logits = pd.read_csv(os.path.join(run_dir, "logits.csv"), usecols=["id", "split", "label", "pred"])
-        test = logits[(logits["split"] == "test") & logits["id"].astype(str).isin(subset)]
+    for m in plan.models:
+        cell = m["cell"]
+        run_dir = task_dir(root, "train", m["model"])
+        _link(run_dir, os.path.join(cond_dir, cell))
+        rec = read_result(root, "train", m["model"])
+        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+            durations = json.load(f)["durations_s"]
+        subset = no_shared[cell.split("-")[1]]
+        logits = pd.read_csv(os.path.join(run_dir, "logits.csv"), usecols=["id", "split", "label", "pred"], dtype={"id": str})
+        test = logits[(logits["split"] == "test") & logits["id"].isin(subset)]
         rows.append(
             {
                 "condition": name,
@@ -119,14 +155,14 @@ def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_d
                 "cell": cell,
                 "exposure": cell.split("-")[0],
                 "diversity": cell.split("-")[1],
-                "test_accuracy": rec.accuracy["test"],
-                "train_accuracy": rec.accuracy["train"],
-                "n_train": rec.n_crops["train"],
-                "n_test": rec.n_crops["test"],
+                "test_accuracy": rec["accuracy"]["test"],
+                "train_accuracy": rec["accuracy"]["train"],
+                "n_train": rec["n_crops"]["train"],
+                "n_test": rec["n_crops"]["test"],
                 "test_accuracy_no_shared_pixels": float((test["label"] == test["pred"]).mean()) if len(test) else float("nan"),
                 "n_test_no_shared_pixels": int(len(test)),
                 "n_train_parents": split.report["cells"][cell]["n_parents"],
-                "train_s": rec.durations_s["train"],
+                "train_s": durations["train"],
                 "split_sha256": split.hash,
             }
         )

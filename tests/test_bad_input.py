@@ -876,7 +876,6 @@ STATS_CASES += [
 ]
 
 
-ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES + STATS_CASES
 # --- sweep executors (Ray) -----------------------------------------------------------------------
 from shortcutlab.sweep.ray_executor import RayExecutorError  # noqa: E402  (imports no Ray)
 
@@ -913,7 +912,74 @@ EXECUTOR_CASES: list[Case] = [
 ]
 
 
-ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES + EXECUTOR_CASES
+# --- sweeps (config files, sweep folders) ----------------------------------------------------
+from shortcutlab.sweep.config import SweepConfigError  # noqa: E402
+from shortcutlab.sweep.runner import SweepError  # noqa: E402
+
+_SWEEP_YAML = """data:
+  synthetic: {mechanisms: [color], fields_per_class: 4, crop_size: 16}
+split: {protocol: factorial}
+seeds: [0]
+models:
+  - {arch: test_resnet, epochs: 1}
+"""
+
+
+def _sweep_config(tmp_path, text: str) -> str:
+    p = tmp_path / "sweep.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def _load_sweep(text: str):
+    def call(tmp_path):
+        from shortcutlab.sweep.config import load_config
+
+        load_config(_sweep_config(tmp_path, text))
+
+    return call
+
+
+def _results_of(make):
+    def call(tmp_path):
+        from shortcutlab.sweep.runner import results_table
+
+        results_table(make(tmp_path))
+
+    return call
+
+
+def _corrupt_sweep_folder(tmp_path):
+    (tmp_path / "predictions.parquet").write_bytes(b"PAR1 not really")
+    return str(tmp_path)
+
+
+SWEEP_CASES = [
+    Case("sweep-epochs-wrong-type", _load_sweep(_SWEEP_YAML.replace("epochs: 1", "epochs: one")), SweepConfigError,
+         ("sweep.yaml", "models[0].epochs", "a positive integer", "'one'")),
+    Case("sweep-unknown-top-level-key", _load_sweep(_SWEEP_YAML + "diagnostic: none\n"), SweepConfigError,
+         ("sweep.yaml", "diagnostic", "did you mean 'diagnostics'")),
+    Case("sweep-unknown-arch", _load_sweep(_SWEEP_YAML.replace("test_resnet", "resnet_181")), SweepConfigError,
+         ("models[0].arch", "'resnet_181'", "resnet18")),
+    Case("sweep-both-data-kinds", _load_sweep(_SWEEP_YAML.replace("data:\n", "data:\n  manifest: {path: crops.csv}\n")), SweepConfigError,
+         ("data", "exactly one", "'synthetic' or 'manifest'", "got manifest, synthetic")),
+    Case("sweep-not-yaml", _load_sweep("data: [\n"), SweepConfigError, ("sweep.yaml", "not valid YAML", "line")),
+    Case("sweep-results-missing-folder", _results_of(lambda t: str(t / "nope")), SweepError, ("nope", "does not exist")),
+    Case("sweep-results-unfinished-folder", _results_of(str), SweepError, ("no predictions.parquet", "shortcutlab sweep")),
+    Case("sweep-results-corrupt-table", _results_of(_corrupt_sweep_folder), SweepError, ("predictions.parquet", "not a readable Parquet")),
+]
+
+
+def test_cli_sweep_config_error_is_one_line_before_any_work(tmp_path, capsys):
+    config = _sweep_config(tmp_path, _SWEEP_YAML.replace("epochs: 1", "epochs: 0"))
+    line = cli_error(["sweep", config, "--out", str(tmp_path / "out")], capsys)
+    assert "sweep.yaml: models[0].epochs:" in line and "0" in line
+    assert not (tmp_path / "out").exists()  # nothing written
+    line = cli_error(["results", str(tmp_path / "out")], capsys)
+    assert "does not exist" in line
+
+
+ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES + STATS_CASES + EXECUTOR_CASES + SWEEP_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])

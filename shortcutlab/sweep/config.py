@@ -1,0 +1,589 @@
+"""The sweep config: a YAML file read into frozen dataclasses, checked before any work, and
+expanded into a grid.
+
+Schema (every key but `data`, `split`, `seeds` and `models` optional)::
+
+    data:                       # exactly one of synthetic / manifest
+      synthetic: {mechanisms: [color, none], strength: 1.0, fields_per_class: 100, crop_size: 32}
+      # manifest: {path: crops.csv, id: id, label: label, parent: parent, image: path, mask: mask, name: mydata}
+    split: {protocol: factorial, params: {test_parent_share: 0.3}}
+    seeds: [0, 1, 2]
+    models:
+      - {arch: test_resnet, epochs: 30, lr: 0.001, precise_bn: true}
+      # - {checkpoint: runs/a}   # a run folder of `shortcutlab train`: scored and diagnosed, not trained
+    cells: [leak-high, clean-high]
+    interventions: {names: [greyscale, low_pass], params: {low_pass: {sigma: 2.0}}}
+    diagnostics: {only: [parent_probe], params: {parent_probe: {n_folds: 4}}}
+    device: cpu
+    threads: 1
+
+Lists expand to a grid: a list of mechanisms gives one data condition per entry (an entry may
+itself be a list: mechanisms planted together), a list for any other synthetic setting, split
+parameter or model setting gives one value per entry (for settings whose value is a list,
+`levels`, `rrc_scale`, `rrc_ratio`, a list of lists). Every error names the key path, the
+value and what is allowed (`SweepConfigError`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from ..errors import ShortcutlabError
+
+
+class SweepConfigError(ShortcutlabError):
+    """A sweep config is invalid; the message names the file, the key path, the value and what is allowed."""
+
+
+TOP_KEYS = ("data", "split", "seeds", "models", "cells", "interventions", "diagnostics", "device", "threads")
+REQUIRED = ("data", "split", "seeds", "models")
+SYNTH_KEYS = ("mechanisms", "strength", "strengths", "fields_per_class", "mean_cells_per_field", "crop_size", "field_size",
+              "n_classes", "class_signal", "mixed_fields", "mix_dominance", "baseline_noise")
+MANIFEST_KEYS = ("path", "id", "label", "parent", "image", "mask", "name")
+#: settings whose single value is itself a list: a list of lists expands
+LIST_VALUED = frozenset({"levels", "rrc_scale", "rrc_ratio"})
+#: diagnostics left out by default: the score task measures accuracy under each intervention
+DEFAULT_EXCLUDED_DIAGNOSTICS = ("interventions",)
+
+
+def _close(name: str, allowed) -> str:
+    close = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=3, cutoff=0.5)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
+class _Checker:
+    """Builds errors that name the config file and the key path."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, path: str, message: str) -> SweepConfigError:
+        where = f"{self.source}: " if self.source else ""
+        return SweepConfigError(f"{where}{path}: {message}")
+
+    def keys(self, path: str, value: Any, allowed, required=()) -> dict:
+        if not isinstance(value, Mapping):
+            raise self.error(path, f"expected a mapping with keys {', '.join(allowed)}; got {_type_name(value)} {value!r}")
+        for k in value:
+            if k not in allowed:
+                raise self.error(f"{path}.{k}" if path else str(k), f"unknown key {k!r}{_close(k, allowed)} Allowed keys: {', '.join(allowed)}")
+        for k in required:
+            if k not in value:
+                raise self.error(f"{path}.{k}" if path else str(k), f"missing required key {k!r}")
+        return dict(value)
+
+    def typed(self, path: str, value: Any, kinds: tuple, expected: str) -> Any:
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if not ok:
+            raise self.error(path, f"expected {expected}; got {_type_name(value)} {value!r}")
+        return value
+
+
+def _grid_values(key: str, value: Any) -> list:
+    """The values a setting takes in the grid: a list expands, except a flat list for a
+    list-valued setting (one value)."""
+    if isinstance(value, list):
+        if key in LIST_VALUED and not any(isinstance(v, list) for v in value):
+            return [value]
+        return list(value) if value else [value]
+    return [value]
+
+
+def expand(params: Mapping[str, Any]) -> list[dict]:
+    """Every combination of the list values of `params` (keys in sorted order, values in the given order)."""
+    keys = sorted(params)
+    values = [_grid_values(k, params[k]) for k in keys]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+# ------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class Condition:
+    """One data condition: a synthetic benchmark setting (without its seed) or a manifest."""
+
+    name: str
+    kind: str  # "synthetic" | "manifest"
+    params: dict = field(hash=False)  # SynthConfig settings, or the manifest spec
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of the grid: a training recipe (`train`, TrainConfig fields without seed and
+    device) or an existing checkpoint (`checkpoint`: a run folder)."""
+
+    train: dict | None = field(default=None, hash=False)
+    checkpoint: str | None = None
+
+    @property
+    def arch(self) -> str:
+        return (self.train or {}).get("arch", "test_resnet")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A validated sweep config (see the module docstring). `raw` is the file as read."""
+
+    conditions: tuple[Condition, ...]
+    protocol: str
+    split_params: tuple[dict, ...]
+    seeds: tuple[int, ...]
+    models: tuple[ModelSpec, ...]
+    cells: tuple[str, ...] | None
+    interventions: tuple[tuple[str, str, dict], ...]  # (setting name, intervention, params)
+    diagnostics: tuple[str, ...]
+    diagnostic_params: dict = field(hash=False)
+    device: str = "cpu"
+    threads: int = 1
+    source: str = ""
+    raw: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def to_dict(self) -> dict:
+        """The resolved config, JSON-ready (saved in sweep.json)."""
+        return {
+            "conditions": [{"name": c.name, "kind": c.kind, "params": c.params} for c in self.conditions],
+            "split": {"protocol": self.protocol, "params": list(self.split_params)},
+            "seeds": list(self.seeds),
+            "models": [{"train": m.train} if m.train is not None else {"checkpoint": m.checkpoint} for m in self.models],
+            "cells": None if self.cells is None else list(self.cells),
+            "interventions": [{"setting": s, "name": n, "params": p} for s, n, p in self.interventions],
+            "diagnostics": {"only": list(self.diagnostics), "params": self.diagnostic_params},
+            "device": self.device,
+            "threads": self.threads,
+            "source": self.source,
+        }
+
+    def replace(self, **changes) -> "SweepConfig":
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
+# ------------------------------------------------------------------------------- loading
+def load_config(path: str | os.PathLike) -> SweepConfig:
+    """Read and validate a YAML sweep config.
+
+    Raises:
+        SweepConfigError: the file is missing or not YAML, or any key is wrong (named).
+    """
+    import yaml
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise SweepConfigError(f"sweep config {path!r} does not exist or is not a file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except UnicodeDecodeError as e:
+        raise SweepConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise SweepConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    return validate(raw, source=path, base_dir=os.path.dirname(os.path.abspath(path)))
+
+
+def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepConfig:
+    """Validate a config mapping (as read from YAML) into a `SweepConfig`.
+
+    Relative paths (a manifest, a checkpoint) are resolved against `base_dir` (the config
+    file's folder; default the working directory).
+    """
+    ck = _Checker(source)
+    base_dir = base_dir or os.getcwd()
+    if raw is None:
+        raise ck.error("(top level)", f"the config is empty; it needs the keys {', '.join(REQUIRED)}")
+    raw = ck.keys("", raw, TOP_KEYS, REQUIRED)
+    device = ck.typed("device", raw.get("device", "cpu"), (str,), "a device name such as 'cpu' or 'cuda'")
+    try:
+        from ..recipe import resolve_device
+
+        resolve_device(device)
+    except ShortcutlabError as e:
+        raise ck.error("device", str(e)) from None
+    threads = ck.typed("threads", raw.get("threads", 1), (int,), "a positive integer (torch threads per task)")
+    if threads < 1:
+        raise ck.error("threads", f"expected a positive integer (torch threads per task); got {threads!r}")
+    seeds = _seeds(ck, raw["seeds"])
+    conditions = _data(ck, raw["data"], base_dir)
+    protocol, split_params = _split(ck, raw["split"])
+    models = _models(ck, raw["models"], base_dir)
+    cells = _cells(ck, raw.get("cells"), protocol, split_params)
+    has_masks = all(c.kind == "synthetic" or c.params.get("mask") for c in conditions)
+    ivs = _interventions(ck, raw.get("interventions"), has_masks)
+    diags, dparams = _diagnostics(ck, raw.get("diagnostics"))
+    return SweepConfig(conditions=conditions, protocol=protocol, split_params=split_params, seeds=seeds, models=models,
+                       cells=cells, interventions=ivs, diagnostics=diags, diagnostic_params=dparams, device=device,
+                       threads=threads, source=source, raw=raw)
+
+
+def _seeds(ck: _Checker, value: Any) -> tuple[int, ...]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ck.error("seeds", "expected a non-empty list of non-negative integers; got []")
+    for i, s in enumerate(values):
+        p = f"seeds[{i}]" if isinstance(value, list) else "seeds"
+        ck.typed(p, s, (int,), "a non-negative integer")
+        if s < 0:
+            raise ck.error(p, f"expected a non-negative integer; got {s!r}")
+    dup = [s for s in values if values.count(s) > 1]
+    if dup:
+        raise ck.error("seeds", f"seed {dup[0]} is listed twice; each replicate needs its own seed")
+    return tuple(values)
+
+
+def _data(ck: _Checker, value: Any, base_dir: str) -> tuple[Condition, ...]:
+    d = ck.keys("data", value, ("synthetic", "manifest"))
+    if len(d) != 1:
+        given = ", ".join(d) or "neither"
+        raise ck.error("data", f"give exactly one of 'synthetic' or 'manifest'; got {given}")
+    if "synthetic" in d:
+        return _synthetic(ck, d["synthetic"])
+    return (_manifest(ck, d["manifest"], base_dir),)
+
+
+def _synthetic(ck: _Checker, value: Any) -> tuple[Condition, ...]:
+    from ..synth import MECHANISMS, NONE, SynthConfig
+
+    s = ck.keys("data.synthetic", {} if value is None else value, SYNTH_KEYS)
+    mech = s.pop("mechanisms", list(MECHANISMS))
+    mech_list = mech if isinstance(mech, list) else [mech]
+    if not mech_list:
+        raise ck.error("data.synthetic.mechanisms", f"expected a mechanism, or a list of them; got []. Allowed: {', '.join(MECHANISMS + (NONE,))}")
+    allowed = MECHANISMS + (NONE,)
+    mechanism_sets = []
+    for i, m in enumerate(mech_list):
+        p = f"data.synthetic.mechanisms[{i}]" if isinstance(mech, list) else "data.synthetic.mechanisms"
+        names = m if isinstance(m, list) else [m]
+        for j, n in enumerate(names):
+            pj = f"{p}[{j}]" if isinstance(m, list) else p
+            ck.typed(pj, n, (str,), f"a mechanism name ({', '.join(allowed)})")
+            for part in n.split(","):
+                if part.strip().lower() not in allowed:
+                    raise ck.error(pj, f"unknown mechanism {part.strip()!r}{_close(part.strip(), allowed)} Allowed: {', '.join(allowed)}")
+        mechanism_sets.append(names)
+    for k, v in s.items():
+        if isinstance(v, list) and not v:
+            raise ck.error(f"data.synthetic.{k}", "an empty list gives no grid point; give a value or a non-empty list")
+    grid = expand(s)
+    varying = sorted(k for k in s if len(_grid_values(k, s[k])) > 1)
+    conditions = []
+    for names in mechanism_sets:
+        for point in grid:
+            params = {"mechanisms": list(names), **point}
+            try:
+                cfg = SynthConfig(**params)
+            except ShortcutlabError as e:
+                bad = _culprit(str(e), ["mechanisms", *point])
+                raise ck.error(f"data.synthetic{'.' + bad if bad else ''}", str(e)) from None
+            except TypeError as e:
+                raise ck.error("data.synthetic", str(e)) from None
+            d = cfg.to_dict()
+            d.pop("seed")
+            name = "+".join(cfg.mechanisms)
+            if varying:
+                name += "," + ",".join(f"{k}={point[k]}" for k in varying)
+            conditions.append(Condition(name, "synthetic", d))
+    names = [c.name for c in conditions]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ck.error("data.synthetic.mechanisms", f"condition {dup[0]!r} appears twice")
+    return tuple(conditions)
+
+
+def _culprit(message: str, keys) -> str:
+    for k in keys:
+        if f"'{k}'" in message or f"{k} " in message or message.startswith(k):
+            return k
+    return ""
+
+
+def _manifest(ck: _Checker, value: Any, base_dir: str) -> Condition:
+    import pandas as pd
+
+    if isinstance(value, str):
+        value = {"path": value}
+    m = ck.keys("data.manifest", value, MANIFEST_KEYS, ("path",))
+    for k, v in m.items():
+        if k != "mask" or v is not None:
+            ck.typed(f"data.manifest.{k}", v, (str,), "a string")
+    path = m["path"] if os.path.isabs(m["path"]) else os.path.normpath(os.path.join(base_dir, m["path"]))
+    if not os.path.isfile(path):
+        raise ck.error("data.manifest.path", f"crop manifest {m['path']!r} does not exist (looked for {path})")
+    try:
+        cols = list(pd.read_csv(path, nrows=0).columns)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise ck.error("data.manifest.path", f"cannot read {path!r} as CSV: {e}") from None
+    spec = {"path": path, "id": m.get("id", "id"), "label": m.get("label", "label"), "parent": m.get("parent", "parent"),
+            "image": m.get("image", "path"), "mask": m.get("mask", "mask" if "mask" in cols else None)}
+    for k in ("id", "label", "parent", "image", "mask"):
+        if spec[k] is not None and spec[k] not in cols:
+            raise ck.error(f"data.manifest.{k}", f"column {spec[k]!r} is not in {path}{_close(spec[k], cols)} Columns: {', '.join(cols)}")
+    name = m.get("name") or os.path.splitext(os.path.basename(path))[0]
+    return Condition(name, "manifest", spec)
+
+
+def _split(ck: _Checker, value: Any) -> tuple[str, tuple[dict, ...]]:
+    import inspect
+
+    from ..splits import _PROTOCOLS, available_protocols
+
+    if isinstance(value, str):
+        value = {"protocol": value}
+    s = ck.keys("split", value, ("protocol", "params"), ("protocol",))
+    protocol = ck.typed("split.protocol", s["protocol"], (str,), f"a protocol name ({', '.join(available_protocols())})")
+    if protocol not in available_protocols():
+        raise ck.error("split.protocol", f"unknown protocol {protocol!r}{_close(protocol, available_protocols())} Allowed: {', '.join(available_protocols())}")
+    params = s.get("params") or {}
+    accepted = [p for p in inspect.signature(_PROTOCOLS[protocol]).parameters if p not in ("table",)]
+    allowed = [p for p in accepted if p not in ("seed", "hashes")]
+    params = ck.keys("split.params", params, allowed)
+    for k, v in params.items():
+        if isinstance(v, list) and not v:
+            raise ck.error(f"split.params.{k}", "an empty list gives no grid point")
+        for i, x in enumerate(_grid_values(k, v)):
+            p = f"split.params.{k}" + (f"[{i}]" if isinstance(v, list) and len(_grid_values(k, v)) > 1 else "")
+            if k in LIST_VALUED:
+                ck.typed(p, x, (list,), "a list of numbers")
+            elif k in ("unit", "allocation"):
+                ck.typed(p, x, (str,), "a string")
+                choices = {"unit": ("parent", "group"), "allocation": ("balanced", "proportional")}[k]
+                if x not in choices:
+                    raise ck.error(p, f"unknown value {x!r}{_close(x, choices)} Allowed: {', '.join(choices)}")
+            elif k in ("n_per_class", "max_distance"):
+                if x is not None:
+                    ck.typed(p, x, (int,), "an integer")
+            else:
+                if x is not None:
+                    ck.typed(p, x, (int, float), "a number")
+    return protocol, tuple(expand(params))
+
+
+def _cells(ck: _Checker, value: Any, protocol: str, split_params) -> tuple[str, ...] | None:
+    from ..splits import FACTORIAL_CELLS
+
+    if protocol == "factorial":
+        allowed = FACTORIAL_CELLS
+    elif protocol == "ladder":
+        allowed = tuple(sorted({f"level_{float(f):.2f}" for p in split_params for f in p.get("levels", (0.0, 0.25, 0.5, 0.75, 1.0))}))
+    else:
+        if value is not None:
+            ck.typed("cells", value, (list, str), "a list of cell names")
+        return None  # single-cell protocols: the key is ignored
+    if value is None:
+        return tuple(allowed)
+    values = [value] if isinstance(value, str) else value
+    ck.typed("cells", values, (list,), f"a list of cell names ({', '.join(allowed)})")
+    if not values:
+        raise ck.error("cells", f"expected at least one cell; allowed: {', '.join(allowed)}")
+    for i, c in enumerate(values):
+        ck.typed(f"cells[{i}]", c, (str,), f"a cell name ({', '.join(allowed)})")
+        if c not in allowed:
+            raise ck.error(f"cells[{i}]", f"unknown {protocol} cell {c!r}{_close(c, allowed)} Allowed: {', '.join(allowed)}")
+    return tuple(dict.fromkeys(values))
+
+
+_TRAIN_TYPES = {
+    "arch": ((str,), "a timm model name"),
+    "epochs": ((int,), "a positive integer"),
+    "batch_size": ((int,), "a positive integer"),
+    "lr": ((int, float), "a positive number"),
+    "weight_decay": ((int, float), "a number"),
+    "weights": ((str, type(None)), "a weight file path or null"),
+    "rrc_scale": ((list,), "a list [low, high]"),
+    "rrc_ratio": ((list,), "a list [low, high]"),
+    "hflip": ((bool,), "true or false"),
+    "vflip": ((bool,), "true or false"),
+    "mask_background": ((bool,), "true or false"),
+    "background_fill": ((int, float), "a number in [0, 1]"),
+    "augment": ((str, type(None)), "an intervention name or null"),
+    "augment_params": ((dict,), "a mapping of the augmentation's parameters"),
+    "adversary_weight": ((int, float), "a number >= 0"),
+    "precise_bn": ((bool,), "true or false"),
+}
+
+
+def _archs() -> list[str]:
+    import timm
+
+    return timm.list_models()
+
+
+def _models(ck: _Checker, value: Any, base_dir: str) -> tuple[ModelSpec, ...]:
+    from ..recipe import TrainConfig
+
+    entries = value if isinstance(value, list) else [value]
+    if not entries:
+        raise ck.error("models", "expected a non-empty list of models (arch: ... or checkpoint: ...)")
+    train_keys = tuple(f.name for f in fields(TrainConfig) if f.name not in ("seed", "device"))
+    out: list[ModelSpec] = []
+    for i, entry in enumerate(entries):
+        p = f"models[{i}]"
+        if isinstance(entry, str):
+            entry = {"arch": entry}
+        if isinstance(entry, Mapping) and "checkpoint" in entry:
+            e = ck.keys(p, entry, ("checkpoint",))
+            cp = ck.typed(f"{p}.checkpoint", e["checkpoint"], (str,), "a run folder written by `shortcutlab train`")
+            full = cp if os.path.isabs(cp) else os.path.normpath(os.path.join(base_dir, cp))
+            for f in ("run.json", "model.safetensors"):
+                if not os.path.isfile(os.path.join(full, f)):
+                    raise ck.error(f"{p}.checkpoint", f"{cp!r} is not a run folder of `shortcutlab train`: it has no {f} (looked in {full})")
+            out.append(ModelSpec(checkpoint=full))
+            continue
+        if isinstance(entry, Mapping) and ("seed" in entry or "device" in entry):
+            k = "seed" if "seed" in entry else "device"
+            raise ck.error(f"{p}.{k}", f"a model takes no {k!r}: the top-level {'seeds' if k == 'seed' else 'device'} sets it")
+        e = ck.keys(p, entry, train_keys + ("checkpoint",))
+        for k, v in e.items():
+            if isinstance(v, list) and not v:
+                raise ck.error(f"{p}.{k}", "an empty list gives no grid point")
+            kinds, expected = _TRAIN_TYPES[k]
+            vals = _grid_values(k, v)
+            for j, x in enumerate(vals):
+                pj = f"{p}.{k}" + (f"[{j}]" if len(vals) > 1 else "")
+                ck.typed(pj, x, kinds, expected)
+                if k == "arch" and x not in _archs():
+                    raise ck.error(pj, f"unknown architecture {x!r}{_close(x, _archs())} (any timm model name: timm.list_models())")
+                if k == "augment" and x is not None:
+                    _intervention_class(ck, pj, x)
+                if k in ("rrc_scale", "rrc_ratio") and (len(x) != 2 or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in x)):
+                    raise ck.error(pj, f"expected a list of two numbers [low, high]; got {x!r}")
+                if k == "weights" and x is not None:
+                    full = x if os.path.isabs(x) else os.path.normpath(os.path.join(base_dir, x))
+                    if not os.path.isfile(full):
+                        raise ck.error(pj, f"weights file {x!r} does not exist (looked for {full})")
+        for point in expand(e):
+            if point.get("weights"):
+                w = point["weights"]
+                point["weights"] = w if os.path.isabs(w) else os.path.normpath(os.path.join(base_dir, w))
+            try:
+                kw = dict(point)
+                for k in ("rrc_scale", "rrc_ratio"):
+                    if k in kw:
+                        kw[k] = tuple(kw[k])
+                cfg = TrainConfig(**kw)
+            except ShortcutlabError as err:
+                bad = _culprit(str(err), list(point))
+                raise ck.error(f"{p}{'.' + bad if bad else ''}", str(err)) from None
+            d = {k: v for k, v in _train_dict(cfg).items() if k not in ("seed", "device")}
+            if cfg.augment:
+                try:
+                    import interventions
+
+                    interventions.get(cfg.augment, **cfg.augment_params)
+                except ShortcutlabError as err:
+                    raise ck.error(f"{p}.augment_params", str(err)) from None
+            out.append(ModelSpec(train=d))
+    return tuple(out)
+
+
+def _train_dict(cfg) -> dict:
+    from dataclasses import asdict
+
+    d = asdict(cfg)
+    d["rrc_scale"], d["rrc_ratio"] = list(d["rrc_scale"]), list(d["rrc_ratio"])
+    return d
+
+
+def _intervention_class(ck: _Checker, path: str, name: Any):
+    import interventions
+
+    ck.typed(path, name, (str,), "an intervention name")
+    allowed = interventions.available()
+    if name not in allowed:
+        raise ck.error(path, f"unknown intervention {name!r}{_close(name, allowed)} Allowed: {', '.join(allowed)}")
+    return interventions.get_class(name)
+
+
+def setting_name(name: str, params: Mapping) -> str:
+    """The `intervention` value of a setting: the name, with its parameters when given
+    ('low_pass:sigma=2.0')."""
+    if not params:
+        return name
+    return name + ":" + ",".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str, str, dict], ...]:
+    import interventions
+
+    if value is None or value == "none":
+        return ()
+    if isinstance(value, (str, list)):
+        value = {"names": value}
+    v = ck.keys("interventions", value, ("names", "params"))
+    names = v.get("names", "all")
+    params = v.get("params") or {}
+    ck.typed("interventions.params", params, (dict,), "a mapping intervention name -> parameters")
+    if names == "all":
+        names = [n for n in interventions.available() if not interventions.get_class(n).label_conditioned
+                 and (has_masks or not interventions.get_class(n).requires_mask)]
+        explicit = False
+    else:
+        ck.typed("interventions.names", names, (list,), "a list of intervention names, or 'all'")
+        explicit = True
+    out = []
+    for i, n in enumerate(names):
+        p = f"interventions.names[{i}]"
+        cls = _intervention_class(ck, p, n)
+        if explicit and cls.requires_mask and not has_masks:
+            raise ck.error(p, f"intervention {n!r} needs cell masks and the manifest has no mask column")
+        if cls.label_conditioned and n != "reinhard_unseen_field":
+            raise ck.error(p, f"intervention {n!r} is label-conditioned and the sweep cannot choose its targets")
+        settings = params.get(n, {})
+        settings = settings if isinstance(settings, list) else [settings]
+        for j, s in enumerate(settings):
+            ps = f"interventions.params.{n}" + (f"[{j}]" if len(settings) > 1 else "")
+            ck.typed(ps, s, (dict,), "a mapping of the intervention's parameters")
+            try:
+                interventions.get(n, **s)
+            except (ShortcutlabError, TypeError) as e:
+                raise ck.error(ps, str(e)) from None
+            out.append((setting_name(n, s), n, dict(s)))
+    for k in params:
+        if k not in names:
+            raise ck.error(f"interventions.params.{k}", f"{k!r} is not among interventions.names{_close(k, names)} ({', '.join(names)})")
+    dup = [s for s, _, _ in out if [o[0] for o in out].count(s) > 1]
+    if dup:
+        raise ck.error("interventions.names", f"intervention setting {dup[0]!r} is listed twice")
+    return tuple(out)
+
+
+def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:
+    import probes
+
+    if value is None:
+        value = {}
+    if value == "none" or value is False:
+        return (), {}
+    if isinstance(value, list):
+        value = {"only": value}
+    v = ck.keys("diagnostics", value, ("only", "params"))
+    allowed = probes.available()
+    only = v.get("only")
+    if only is None:
+        only = [n for n in allowed if n not in DEFAULT_EXCLUDED_DIAGNOSTICS]
+    else:
+        ck.typed("diagnostics.only", only, (list,), "a list of diagnostic names")
+    for i, n in enumerate(only):
+        ck.typed(f"diagnostics.only[{i}]", n, (str,), "a diagnostic name")
+        if n not in allowed:
+            raise ck.error(f"diagnostics.only[{i}]", f"unknown diagnostic {n!r}{_close(n, allowed)} Allowed: {', '.join(allowed)}")
+    params = v.get("params") or {}
+    ck.typed("diagnostics.params", params, (dict,), "a mapping diagnostic name -> parameters")
+    for n, p in params.items():
+        if n not in only:
+            raise ck.error(f"diagnostics.params.{n}", f"{n!r} is not among the diagnostics run{_close(n, only)} ({', '.join(only)})")
+        ck.typed(f"diagnostics.params.{n}", p, (dict,), "a mapping of the diagnostic's parameters")
+        try:
+            probes.get(n, **p)
+        except (ShortcutlabError, TypeError) as e:
+            raise ck.error(f"diagnostics.params.{n}", str(e)) from None
+    return tuple(dict.fromkeys(only)), {k: dict(p) for k, p in params.items()}

@@ -1,0 +1,162 @@
+"""A real sweep on a tiny benchmark: its tables against hand computations from the trained
+runs, identical tables whatever the executor's worker count, and resume after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from shortcutlab.sweep import LocalExecutor
+from shortcutlab.sweep.config import validate
+from shortcutlab.sweep.runner import results_table, run_sweep
+from shortcutlab.sweep.tasks import task_dir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = {
+    "data": {"synthetic": {"mechanisms": ["color"], "fields_per_class": 8, "crop_size": 16, "field_size": 64}},
+    "split": {"protocol": "factorial"},
+    "seeds": [0],
+    "models": [{"arch": "test_resnet", "epochs": 1, "lr": 0.001, "batch_size": 32}],
+    "cells": ["leak-high", "clean-low"],
+    "interventions": {"names": ["greyscale"]},
+    "diagnostics": "none",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("tiny"))
+    summary = run_sweep(validate(TINY), out, progress=False)
+    return out, summary
+
+
+def test_predictions_match_the_trained_runs_logits(tiny):
+    import torch
+
+    from shortcutlab.runs import load_run
+
+    out, summary = tiny
+    assert summary["counts"] == {"synthesise": 1, "split": 1, "train": 2, "score": 2}
+    pred = pd.read_parquet(os.path.join(out, "predictions.parquet"))
+    assert pred.duplicated(["model", "intervention", "id"]).sum() == 0
+    test_ids = None
+    for model, g in pred.groupby("model"):
+        run_dir = task_dir(out, "train", model)
+        logits = pd.read_csv(os.path.join(run_dir, "logits.csv"), dtype={"id": str})
+        test = logits[logits["split"] == "test"].set_index("id")
+        classes = sorted(test["label"].unique())
+        none = g[g["intervention"] == "none"].set_index("id")
+        # the same crops, labels and predictions as the run scored (label names -> codes)
+        assert sorted(none.index) == sorted(test.index)
+        logit_cols = [f"logit_{c}" for c in classes]
+        hand_pred = test[logit_cols].to_numpy().argmax(1)
+        assert (none.loc[test.index, "pred"].to_numpy() == hand_pred).all()
+        assert (none.loc[test.index, "label"].to_numpy() == test["label"].map(classes.index).to_numpy()).all()
+        run_acc = float((test["label"] == test["pred"]).mean())
+        assert none["correct"].mean() == pytest.approx(run_acc, abs=1e-12)
+        # greyscale by hand (BT.601 luma on all channels), scored by the reloaded model
+        grey = g[g["intervention"] == "greyscale"].set_index("id")
+        run = load_run(run_dir)
+        from shortcutlab.recipe import load_manifest_table
+        from shortcutlab.data import load_crops
+
+        crops = load_crops(load_manifest_table(run.record["data"]["manifest"]))
+        rows = torch.as_tensor(np.searchsorted(crops.table.ids.astype(str), grey.index.to_numpy()))
+        x = crops.images[rows].double() / 255.0
+        luma = (0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]).unsqueeze(1).repeat(1, 3, 1, 1).float()
+        with torch.no_grad():
+            hand = run.adapter.logits(luma).argmax(1).numpy()
+        assert (grey["pred"].to_numpy() == hand).mean() >= 0.99  # float rounding may flip a near tie
+        # the common test set: every cell of the factorial scores the same crops
+        test_ids = test_ids if test_ids is not None else set(test.index)
+        assert set(test.index) == test_ids
+    assert set(pred["cell"]) == {"leak-high", "clean-low"}
+    assert set(zip(pred["cell"], pred["exposure"], pred["diversity"])) == {("leak-high", "leak", "high"), ("clean-low", "clean", "low")}
+    # the accuracy rows of results agree with the predictions
+    res = pd.read_parquet(os.path.join(out, "results.parquet"))
+    acc = res[res["metric"] == "accuracy"].set_index(["model", "setting"])["value"]
+    per = pred.groupby(["model", "intervention"])["correct"].mean()
+    for (model, iv), v in per.items():
+        assert acc[(model, f"intervention={iv}")] == pytest.approx(v, abs=1e-12)
+    # the estimates table: mean accuracy per cell and intervention
+    table = results_table(out).set_index(["cell", "intervention"])
+    assert table.loc[("leak-high", "none"), "accuracy"] == pytest.approx(per[pred[pred["cell"] == "leak-high"]["model"].iat[0], "none"])
+    assert (table["n_models"] == 1).all()
+    # the CSV twins hold the same rows
+    assert len(pd.read_csv(os.path.join(out, "predictions.csv"))) == len(pred)
+
+
+def test_a_second_run_redoes_nothing_and_gives_the_same_tables(tiny, tmp_path):
+    out, _ = tiny
+    before = pd.read_parquet(os.path.join(out, "predictions.parquet"))
+    again = run_sweep(validate(TINY), out, progress=False)
+    assert again["done_before"] == again["counts"]
+    pd.testing.assert_frame_equal(pd.read_parquet(os.path.join(out, "predictions.parquet")), before)
+
+
+@pytest.mark.slow
+def test_one_and_two_workers_give_identical_tables(tiny, tmp_path):
+    out, _ = tiny
+    run_sweep(validate(TINY), str(tmp_path), LocalExecutor(workers=2), progress=False)
+    for name in ("predictions.parquet", "results.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / name), pd.read_parquet(os.path.join(out, name)))
+
+
+def _task_folders(out: str, kind: str) -> tuple[list[str], list[str]]:
+    folder = os.path.join(out, "tasks", kind)
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    done = [n for n in names if not n.startswith(".") and os.path.isfile(os.path.join(folder, n, "result.json"))]
+    return done, [n for n in names if n.startswith(".")]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_gives_exactly_the_rows_of_an_uninterrupted_run(tmp_path):
+    cfg = dict(TINY, cells=["leak-high", "clean-high", "leak-low", "clean-low"], models=[{"arch": "test_resnet", "epochs": 3, "lr": 0.001}])
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    killed = str(tmp_path / "killed")
+    cmd = [sys.executable, "-m", "shortcutlab.cli", "sweep", str(path), "--out", killed, "--quiet"]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if len(_task_folders(killed, "train")[0]) >= 1:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read().decode()[-500:]}"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    done_trains = _task_folders(killed, "train")[0]
+    assert 1 <= len(done_trains) < 4 and not os.path.exists(os.path.join(killed, "predictions.parquet"))
+    # start again: only the missing tasks run
+    rc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert rc.returncode == 0, rc.stderr
+    import re
+
+    already = int(re.search(r"(\d+) already done", rc.stdout).group(1))
+    assert 2 + len(done_trains) <= already < 2 + 4 + 4  # the benchmark, the split and the finished models were kept
+    for kind in ("synthesise", "split", "train", "score"):
+        assert _task_folders(killed, kind)[1] == []  # no temporary folder left, none counted as done
+    # an uninterrupted run of the same config, in this process
+    whole = str(tmp_path / "whole")
+    run_sweep(validate(cfg), whole, progress=False)
+    for name in ("predictions.parquet", "results.parquet"):
+        a, b = pd.read_parquet(os.path.join(killed, name)), pd.read_parquet(os.path.join(whole, name))
+        pd.testing.assert_frame_equal(a, b)
+    pred = pd.read_parquet(os.path.join(killed, "predictions.parquet"))
+    assert pred.duplicated(["model", "intervention", "id"]).sum() == 0
+    assert pred["model"].nunique() == 4
