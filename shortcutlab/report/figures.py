@@ -352,8 +352,9 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
         ax.set_xticks([])
         ax.set_yticks([])
     reading = (f"{B} test crops of the {leak.condition} leak model ({leak.cell or 'leak'}, {leak.arch}, seed {leak.seed}), "
-               f"one per parent, with their cell outlines, {len(columns) - 1} intervention"
-               f"{'s' if len(columns) != 2 else ''} applied and the Grad-CAM maps (red: more attribution)")
+               f"one per parent, with their cell outlines; then {len(columns) - 1} intervention"
+               f"{'s' if len(columns) != 2 else ''} applied ({', '.join(c[0] for c in columns[1:]) or 'none'}) and "
+               f"{', '.join(c[0] for c in cams) or 'no Grad-CAM map'} (red: more attribution)")
     if masses:
         reading += "; on these crops the maps put " + " and ".join(f"{rd.pct(v)} ({k} model)" for k, v in masses.items()) + \
                    " of their mass outside the cell"
