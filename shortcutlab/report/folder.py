@@ -57,7 +57,14 @@ def _read_table(folder: str, stem: str, required: bool) -> pd.DataFrame | None:
         try:
             if ext == "parquet":
                 return pd.read_parquet(path)
-            return pd.read_csv(path, keep_default_na=False, na_values=[""])
+            frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+            if "correct" in frame and not (pd.api.types.is_bool_dtype(frame["correct"])
+                                           or pd.api.types.is_numeric_dtype(frame["correct"])):
+                # one bad value makes the whole column text: turn the good ones back into
+                # booleans, so that the check names the bad row, not every row
+                words = {"True": True, "False": False, "true": True, "false": False}
+                frame["correct"] = frame["correct"].astype(object).map(lambda v: words.get(v, v) if isinstance(v, str) else v)
+            return frame
         except Exception as e:  # noqa: BLE001 - whatever pyarrow or the CSV reader says, name the file
             what = "Parquet" if ext == "parquet" else "CSV"
             raise ReportError(f"{path!r} is not a readable {what} file ({type(e).__name__}: "
