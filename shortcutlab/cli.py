@@ -1,4 +1,5 @@
-"""The `shortcutlab` command line: audit, split, verify, synth, train, demo, diagnose, siblings.
+"""The `shortcutlab` command line: audit, split, verify, synth, train, demo, diagnose, siblings,
+sweep, results, report.
 
 Run ``shortcutlab COMMAND --help`` for the options of each command.
 """
@@ -492,6 +493,17 @@ def _pd_display():
     return pd.option_context("display.width", 200, "display.max_rows", 10000, "display.max_columns", 50)
 
 
+def cmd_report(args) -> int:
+    from .report import build_report
+
+    if args.n_boot < 0:
+        raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
+    paths = build_report(args.dir, args.out, n_boot=args.n_boot, seed=args.seed, examples=not args.no_examples,
+                         device=args.device)
+    print(paths["html"])
+    return 0
+
+
 def _isnan(v) -> bool:
     import math
 
@@ -629,6 +641,14 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("results", help="print the estimates table of a sweep folder")
     r.add_argument("dir", metavar="DIR")
     r.set_defaults(func=cmd_results)
+    r = sub.add_parser("report", help="one self-contained HTML report (and a Markdown twin) over a sweep folder")
+    r.add_argument("dir", help="sweep folder written by `shortcutlab sweep`")
+    r.add_argument("--out", help="report folder (default DIR/report; replaced whole)")
+    r.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the estimates (default 2000)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    r.add_argument("--no-examples", action="store_true", help="leave out the example crops (no model is loaded)")
+    r.add_argument("--device", default="cpu", help="where the example crops' models run")
+    r.set_defaults(func=cmd_report)
 
     v = sub.add_parser("verify", help="check a manifest against a registered hash")
     v.add_argument("manifest")

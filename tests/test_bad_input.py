@@ -979,7 +979,117 @@ def test_cli_sweep_config_error_is_one_line_before_any_work(tmp_path, capsys):
     assert "does not exist" in line
 
 
-ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES + STATS_CASES + EXECUTOR_CASES + SWEEP_CASES
+# --- REPORT (shortcutlab report) ---------------------------------------------------------------------
+from shortcutlab.io import OutputError  # noqa: E402
+from shortcutlab.report import ReportError  # noqa: E402
+
+REPORT_CASES: list[Case] = []
+
+
+def _report_sweep(tmp_path, **files):
+    d = tmp_path / "sweep"
+    d.mkdir()
+    for name, data in files.items():
+        (d / name.replace("_", ".")).write_bytes(data)
+    return str(d)
+
+
+def _report_missing_dir(tmp_path):
+    from shortcutlab.report import build_report
+
+    build_report(str(tmp_path / "nowhere"))
+
+
+def _report_dir_is_file(tmp_path):
+    from shortcutlab.report import build_report
+
+    (tmp_path / "sweep").write_text("x")
+    build_report(str(tmp_path / "sweep"))
+
+
+def _report_no_predictions(tmp_path):
+    from shortcutlab.report import build_report
+
+    build_report(_report_sweep(tmp_path, **{"sweep_json": b"{}"}))
+
+
+def _report_corrupt_parquet(tmp_path):
+    from shortcutlab.report import build_report
+
+    build_report(_report_sweep(tmp_path, predictions_parquet=b"PAR1 this is not parquet"))
+
+
+def _report_corrupt_results(tmp_path):
+    from shortcutlab.report import build_report
+
+    good = _predictions().to_csv(index=False).encode()
+    build_report(_report_sweep(tmp_path, predictions_csv=good, results_parquet=b"garbage"))
+
+
+def _report_missing_column(tmp_path):
+    from shortcutlab.report import build_report
+
+    build_report(_report_sweep(tmp_path, predictions_csv=_predictions().drop(columns=["correct"]).to_csv(index=False).encode()))
+
+
+def _report_corrupt_sweep_json(tmp_path):
+    from shortcutlab.report import build_report
+
+    good = _predictions().to_csv(index=False).encode()
+    build_report(_report_sweep(tmp_path, predictions_csv=good, sweep_json=b"{not json"))
+
+
+def _report_bad_correct(tmp_path):
+    from shortcutlab.report import build_report
+
+    build_report(_report_sweep(tmp_path, predictions_csv=_predictions(correct=(3, 7)).to_csv(index=False).encode()), n_boot=10)
+
+
+def _report_out_is_file(tmp_path):
+    from shortcutlab.report import build_report
+
+    d = _report_sweep(tmp_path, predictions_csv=_predictions().to_csv(index=False).encode())
+    (tmp_path / "out.html").write_text("x")
+    build_report(d, str(tmp_path / "out.html"), n_boot=10)
+
+
+def _report_out_foreign_folder(tmp_path):
+    from shortcutlab.report import build_report
+
+    d = _report_sweep(tmp_path, predictions_csv=_predictions().to_csv(index=False).encode())
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    build_report(d, str(tmp_path / "mine"), n_boot=10)
+
+
+REPORT_CASES += [
+    Case("report-folder-missing", _report_missing_dir, ReportError, ("nowhere", "does not exist")),
+    Case("report-folder-is-a-file", _report_dir_is_file, ReportError, ("sweep", "is a file")),
+    Case("report-no-predictions", _report_no_predictions, ReportError, ("predictions.parquet", "not a finished sweep")),
+    Case("report-corrupt-predictions-parquet", _report_corrupt_parquet, ReportError, ("predictions.parquet", "not a readable Parquet")),
+    Case("report-corrupt-results-parquet", _report_corrupt_results, ReportError, ("results.parquet", "not a readable Parquet")),
+    Case("report-predictions-missing-column", _report_missing_column, ReportError, ("'correct'", "shortcutlab sweep")),
+    Case("report-corrupt-sweep-json", _report_corrupt_sweep_json, ReportError, ("sweep.json", "not valid JSON")),
+    Case("report-correct-not-boolean", _report_bad_correct, StatsError, ("correct", "row 3", "True/False")),
+    Case("report-out-is-a-file", _report_out_is_file, OutputError, ("out.html", "is a file")),
+    Case("report-out-foreign-folder", _report_out_foreign_folder, OutputError, ("mine", "other than a report")),
+]
+
+
+def test_report_cli_bad_input(tmp_path, capsys):
+    import os
+
+    line = cli_error(["report", str(tmp_path / "nowhere")], capsys)
+    assert line.startswith("shortcutlab report: error: ") and "nowhere" in line and "does not exist" in line
+    d = _report_sweep(tmp_path, predictions_parquet=b"PAR1 nope")
+    line = cli_error(["report", d], capsys)
+    assert "predictions.parquet" in line and "Parquet" in line
+    assert not os.path.exists(os.path.join(d, "report"))
+    line = cli_error(["report", d, "--n-boot", "-1"], capsys)
+    assert "--n-boot" in line
+
+
+ALL_CASES = TABLE_CASES + SPLIT_CASES + INTERVENTION_CASES + TRAINING_CASES + IDENT_CASES + SALIENCY_CASES + PROBE_CASES + STATS_CASES + EXECUTOR_CASES + SWEEP_CASES + REPORT_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])

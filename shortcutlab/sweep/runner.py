@@ -243,7 +243,10 @@ def gather(out_dir: str, plan: Plan) -> dict[str, str]:
     pred = pd.concat(preds, ignore_index=True)[pcols] if preds else pd.DataFrame(columns=pcols)
     res = pd.concat(results, ignore_index=True) if results else pd.DataFrame(columns=list(ROW_COLUMNS))
     lead = list(ROW_COLUMNS) + list(KEY_COLUMNS) + list(EXTRA_KEY_COLUMNS) + ["split_sha256"]
-    res = _frame_types(res[lead + [c for c in res.columns if c not in lead]])
+    res = res[lead + [c for c in res.columns if c not in lead]]
+    # the key columns have one type in both tables (seed an integer), so they can be joined
+    res["seed"] = pd.to_numeric(res["seed"]).astype("int64")
+    res = _frame_types(res)
     for c in ("value", "ci_low", "ci_high"):
         res[c] = pd.to_numeric(res[c], errors="coerce").astype(float)
     res["n"] = pd.to_numeric(res["n"], errors="coerce").fillna(-1).astype("int64")

@@ -1,0 +1,224 @@
+"""`build_report`: read a sweep folder, estimate, draw, and write the report as one set."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from ..io import OutputError, atomic_dir
+from . import readings as rd
+from .figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
+from .folder import ReportError, SweepFolder
+from .render import to_html, to_markdown
+from .tables import audit_card, dose_pairs, validity_table
+
+TITLE = "shortcutlab report"
+
+
+def _ci(lo, hi, unit="pp") -> str:
+    if rd._nan(lo) or rd._nan(hi):
+        return "no interval"
+    if unit == "%":
+        return f"{rd.pct(lo)} to {rd.pct(hi)}"
+    return f"{rd._num(lo)} to {rd._num(hi)}"
+
+
+def validity_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The validity table as display strings (pp and %)."""
+    rows = []
+    for r in table.itertuples(index=False):
+        item = rd.intervention_label(r.item) if r.kind == "intervention" else r.item
+        rows.append({
+            "condition": r.condition, "diversity": r.diversity, "arch": r.arch,
+            "leak (pp, CI)": f"{rd._num(r.leak)} ({_ci(r.leak_ci_low, r.leak_ci_high)})",
+            "intervention / diagnostic": item,
+            "effect (pp, CI)": f"{rd._num(r.estimate)} ({_ci(r.ci_low, r.ci_high)})" if not rd._nan(r.estimate) else "n/a",
+            "share of leak removed (CI)": (f"{rd.pct(r.share)} ({_ci(r.share_ci_low, r.share_ci_high, '%')})"
+                                           if not rd._nan(r.share) else ""),
+            "clean-model cost (pp, CI)": (f"{rd._num(r.clean_cost)} ({_ci(r.cost_ci_low, r.cost_ci_high)})"
+                                          if not rd._nan(r.clean_cost) else ""),
+            "verdict": r.verdict,
+        })
+    return pd.DataFrame(rows)
+
+
+def validity_section(est: pd.DataFrame, results: pd.DataFrame | None, n_boot: int, seed: int, level: float) -> tuple[Section, pd.DataFrame]:
+    key, title = "validity", "Validity: what each intervention and diagnostic does to the leak"
+    table = validity_table(est, results, n_boot=n_boot, seed=seed, level=level)
+    if table.empty:
+        return left_out(key, title, "the estimates hold no leak (no factorial, or no estimate)"), table
+    counts = table.groupby("kind")["verdict"].value_counts()
+    parts = []
+    inter = table[table["kind"] == "intervention"]
+    if len(inter):
+        v = inter["verdict"].value_counts()
+        parts.append("Of " + f"{len(inter)} intervention reading{'s' if len(inter) != 1 else ''}: "
+                     + ", ".join(f"{n} {k}" for k, n in v.items()))
+    for kind, label in (("R", "R"), ("gradcam", "the Grad-CAM outside mass"), ("erasure", "LEACE erasure")):
+        sub = table[table["kind"] == kind]
+        if len(sub):
+            parts.append(f"{label}: " + ", ".join(f"{r.condition} ({r.diversity}) {r.verdict}" for r in sub.itertuples()))
+    reading = "; ".join(parts) + "." if parts else ""
+    sec = Section(key, title, reading=reading, table=validity_display(table))
+    sec.notes.append("Effects are leak minus clean, in pp; an intervention's effect is the leak cut (leak on unaltered "
+                     "crops minus leak under it). Verdicts: 'removed' (cut's interval above 0, share >= 50%), 'partly "
+                     "removed' (interval above 0, share < 50%), 'not removed' (interval includes 0), 'increased' (interval "
+                     "below 0), 'uninformative' (its accuracy cost on clean models exceeds the leak), 'no leak' (the leak's "
+                     "interval includes 0); a diagnostic 'moves' when its seed-paired leak-minus-clean interval excludes 0.")
+    del counts
+    return sec, table
+
+
+def audit_section(folder: SweepFolder, results: pd.DataFrame | None) -> Section:
+    key, title = "audit", "Audit card of the data"
+    refs = folder.benchmarks()
+    if not refs:
+        return left_out(key, title, "no benchmark and split of the sweep are on disk (tasks/split/<id>/ with its manifest)")
+    rows, notes, sentences = [], [], []
+    for cond, ref in sorted(refs.items()):
+        try:
+            card = audit_card(ref.manifest, ref.split, ref.columns, ref.geometry, results)
+        except Exception as e:  # noqa: BLE001 - one benchmark's failure is named, the rest shown
+            notes.append(f"{cond}: the audit failed ({' '.join(str(e).split())[:200]}).")
+            continue
+        for cell, c in sorted(card["cells"].items()):
+            row = {"condition": cond, "seed": ref.seed, "crops": card["n_crops"], "parents": card["n_parents"],
+                   "classes": card["n_classes"], "sibling share (table)": rd.pct(card["sibling_share"]),
+                   "protocol": card["protocol"], "split unit": card["unit"], "cell": cell or "-",
+                   "train crops": c["n_train"], "test crops": c["n_test"], "test parents": c["test_parents"],
+                   "test with a training sibling": rd.pct(c["with_train_sibling"]),
+                   "test with a pixel-overlapping training sibling": rd.pct(c["with_overlapping_train_sibling"])
+                   if c["with_overlapping_train_sibling"] is not None else "n/a (no boxes)"}
+            if "siblings_share" in card:
+                row["siblings diagnostic share"] = rd.pct(card["siblings_share"])
+            rows.append(row)
+        cells = card["cells"]
+        leak = [c for n, c in cells.items() if n.startswith("leak")]
+        clean = [c for n, c in cells.items() if n.startswith("clean")]
+        s = (f"{cond}: {card['n_crops']:,} crops from {card['n_parents']:,} parents in {card['n_classes']} classes "
+             f"({rd.pct(card['sibling_share'])} of crops have a sibling); split {card['protocol']} by {card['unit']}")
+        if leak and clean:
+            s += (f"; in leak cells {rd.pct(np.mean([c['with_train_sibling'] for c in leak]))} of test crops have a training "
+                  f"sibling, in clean cells {rd.pct(np.mean([c['with_train_sibling'] for c in clean]))}")
+            ov = [c["with_overlapping_train_sibling"] for c in leak if c["with_overlapping_train_sibling"] is not None]
+            if ov:
+                s += f", and {rd.pct(np.mean(ov))} share pixels with one in leak cells"
+        elif cells:
+            c = next(iter(cells.values()))
+            s += f"; {rd.pct(c['with_train_sibling'])} of test crops have a training sibling"
+        sentences.append(s)
+    if not rows:
+        sec = left_out(key, title, "no benchmark of the sweep could be audited")
+        sec.notes = notes
+        return sec
+    sec = Section(key, title, reading="; ".join(sentences) + ".", table=pd.DataFrame(rows), notes=notes)
+    sec.notes.append("Audited on one seed's benchmark and split per condition (the lowest seed); sibling share = crops "
+                     "whose parent holds another crop; shares of test crops are measured on the split (shortcutlab.audit).")
+    return sec
+
+
+def _slopes(pairs: pd.DataFrame, n_boot: int, seed: int, level: float) -> pd.DataFrame | None:
+    from ..stats import dose_response
+
+    if pairs.empty:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return dose_response(pairs[["condition", "seed", "R", "gap"]], x="R", y="gap", cluster="seed", by=["condition"],
+                             n_boot=n_boot, level=level, seed=seed)
+
+
+def _check_out(out: str) -> None:
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OutputError(f"--out {out!r} is a file; give a folder for the report")
+    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "report.html")):
+        raise OutputError(f"--out {out!r} is a folder that holds something other than a report; the report replaces "
+                          f"its folder whole, so give a new folder or an earlier report's")
+
+
+def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = None, *, n_boot: int = 2000, seed: int = 0,
+                 level: float = 0.95, examples: bool = True, device: str = "cpu") -> dict:
+    """Write the report of a sweep folder: ``report.html`` (self-contained), ``report.md`` with
+    ``figures/*.png``, and the tables it reads from (``estimates.csv``, ``validity.csv``).
+
+    The folder `out` (default ``DIR/report``) is built under a temporary name and swapped in
+    whole (`io.atomic_dir`): a failed report leaves the previous one.
+
+    Args:
+        sweep_dir: the sweep folder.
+        out: the report folder (new, or an earlier report's).
+        n_boot, seed, level: the bootstrap of the estimates (`shortcutlab.stats.estimates`).
+        examples: draw the example crops (loads two models; CPU, a few crops).
+        device: where the example models run.
+
+    Returns:
+        dict of paths: dir, html, markdown, figures (list), estimates, validity.
+
+    Raises:
+        ReportError: the folder is missing, has no predictions, or a table is corrupt.
+        OutputError: `out` is a file, or a folder holding something other than a report.
+    """
+    from ..stats import estimates
+
+    folder = SweepFolder(sweep_dir)
+    out = os.path.abspath(os.fspath(out) if out is not None else os.path.join(folder.path, "report"))
+    _check_out(out)
+    pred, results = folder.predictions, folder.results
+    caught: list[str] = []
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        est = estimates(pred, None, n_boot=n_boot, level=level, seed=seed)
+        pairs = dose_pairs(pred, results) if results is not None else pd.DataFrame()
+        slopes = _slopes(pairs, n_boot, seed, level)
+        validity, vtable = validity_section(est, results, n_boot, seed, level)
+        sections = [
+            audit_section(folder, results),
+            accuracy_section(pred, est),
+            forest_section(est, level),
+            validity,
+            dose_section(pred, results, slopes, level),
+            gradcam_section(results),
+        ]
+        if examples:
+            sections.append(examples_section(folder, device=device))
+        else:
+            sections.append(left_out("examples", "Example crops: masks, interventions and Grad-CAM",
+                                     "it was not requested (--no-examples)"))
+    for item in w:
+        text = f"{item.category.__name__}: {' '.join(str(item.message).split())}"
+        if text not in caught:
+            caught.append(text)
+    n_models = pred["model"].nunique()
+    v = folder.versions
+    intro = [
+        f"Sweep folder: {folder.path}. {n_models} models, {pred['condition'].nunique()} condition(s) "
+        f"({', '.join(sorted(map(str, pred['condition'].unique())))}), {pred['seed'].nunique()} seed(s), "
+        f"{pred['intervention'].nunique() - 1 if 'none' in set(pred['intervention']) else pred['intervention'].nunique()} "
+        f"intervention setting(s); {'a results table with ' + str(len(results)) + ' rows' if results is not None else 'no results table'}.",
+        f"Intervals: {level * 100:.0f}% percentile bootstrap over seeds and test parents ({n_boot} resamples, seed {seed}); "
+        f"effects in percentage points (pp)." + (f" Versions: {', '.join(f'{k} {x}' for k, x in sorted(v.items()))}." if v else ""),
+    ]
+    html_text = to_html(TITLE, intro, sections, caught)
+    md_text = to_markdown(TITLE, intro, sections, caught)
+    paths = {"dir": out, "html": os.path.join(out, "report.html"), "markdown": os.path.join(out, "report.md"),
+             "estimates": os.path.join(out, "estimates.csv"), "validity": os.path.join(out, "validity.csv"), "figures": []}
+    with atomic_dir(out) as tmp:
+        os.makedirs(os.path.join(tmp, "figures"))
+        for s in sections:
+            if s.png is not None:
+                with open(os.path.join(tmp, "figures", f"{s.key}.png"), "wb") as f:
+                    f.write(s.png)
+                paths["figures"].append(os.path.join(out, "figures", f"{s.key}.png"))
+        est.to_csv(os.path.join(tmp, "estimates.csv"), index=False)
+        vtable.to_csv(os.path.join(tmp, "validity.csv"), index=False)
+        with open(os.path.join(tmp, "report.md"), "w", encoding="utf-8") as f:
+            f.write(md_text)
+        with open(os.path.join(tmp, "report.html"), "w", encoding="utf-8") as f:
+            f.write(html_text)
+    return paths
+
+
+__all__ = ["ReportError", "SweepFolder", "build_report", "validity_display"]

@@ -1,0 +1,196 @@
+"""Everything the report knows about a sweep folder's layout, in one class.
+
+A sweep folder (written by `shortcutlab sweep`) holds ``sweep.json`` (the resolved config,
+the model entries, versions), ``predictions.parquet`` (or ``.csv``), ``results.parquet`` (or
+``.csv``) and ``tasks/<kind>/<id>/`` folders. The rest of the report reads the folder only
+through `SweepFolder`, so a change of layout is adapted here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..errors import ShortcutlabError
+
+
+class ReportError(ShortcutlabError):
+    """A sweep folder cannot be reported on: missing, without predictions, or unreadable."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """One trained model of the sweep, with the folders the report may open.
+
+    Attributes:
+        model: the model id (the `model` column of the tables).
+        condition, arch, seed, exposure, cell: its key columns.
+        run_dir: its run folder (`shortcutlab.runs.load_run`), or None when not on disk.
+        manifest: the crop manifest CSV of its benchmark, or None.
+        split: the split manifest CSV it was trained on, or None.
+        columns: the crop manifest's columns (id, label, parent, image, mask), or None.
+        geometry: the crop manifest has boxes (x, y, w, h).
+    """
+
+    model: str
+    condition: str
+    arch: str
+    seed: int
+    exposure: str
+    cell: str
+    run_dir: str | None
+    manifest: str | None
+    split: str | None
+    columns: dict | None = None
+    geometry: bool = False
+
+
+def _read_table(folder: str, stem: str, required: bool) -> pd.DataFrame | None:
+    """``stem.parquet`` (else ``stem.csv``) of the folder; one-line errors for a corrupt file."""
+    for ext in ("parquet", "csv"):
+        path = os.path.join(folder, f"{stem}.{ext}")
+        if not os.path.isfile(path):
+            continue
+        try:
+            if ext == "parquet":
+                return pd.read_parquet(path)
+            frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+            if "correct" in frame and not (pd.api.types.is_bool_dtype(frame["correct"])
+                                           or pd.api.types.is_numeric_dtype(frame["correct"])):
+                # one bad value makes the whole column text: turn the good ones back into
+                # booleans, so that the check names the bad row, not every row
+                words = {"True": True, "False": False, "true": True, "false": False}
+                frame["correct"] = frame["correct"].astype(object).map(lambda v: words.get(v, v) if isinstance(v, str) else v)
+            return frame
+        except Exception as e:  # noqa: BLE001 - whatever pyarrow or the CSV reader says, name the file
+            what = "Parquet" if ext == "parquet" else "CSV"
+            raise ReportError(f"{path!r} is not a readable {what} file ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:160]})") from None
+    if required:
+        raise ReportError(f"sweep folder {folder!r} holds no {stem}.parquet or {stem}.csv: it is not a finished sweep "
+                          f"folder (run `shortcutlab sweep CONFIG --out {folder}` first)")
+    return None
+
+
+class SweepFolder:
+    """Read-only view of a sweep folder: its config, its two tables, and its models' folders.
+
+    Args:
+        path: the sweep folder.
+
+    Raises:
+        ReportError: the folder is missing, holds no predictions table, or a table or
+            sweep.json is corrupt.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        if not os.path.isdir(self.path):
+            what = "is a file, not a folder" if os.path.exists(self.path) else "does not exist"
+            raise ReportError(f"sweep folder {os.fspath(path)!r} {what}")
+        self.meta = self._read_meta()
+        self.predictions = _read_table(self.path, "predictions", required=True)
+        missing = [c for c in ("model", "condition", "arch", "seed", "exposure", "intervention", "id", "parent", "correct")
+                   if c not in self.predictions.columns]
+        if missing:
+            raise ReportError(f"{self.path}/predictions holds no column {missing[0]!r}; it was not written by "
+                              f"`shortcutlab sweep` (columns: {', '.join(map(str, self.predictions.columns))})")
+        for col in ("cell", "exposure", "diversity", "protocol"):
+            if col in self.predictions.columns:
+                self.predictions[col] = self.predictions[col].fillna("").astype(str)
+        self.results = _read_table(self.path, "results", required=False)
+        if self.results is not None:
+            for col in ("setting", "exposure", "diversity", "cell"):
+                if col in self.results.columns:
+                    self.results[col] = self.results[col].fillna("").astype(str)
+
+    def _read_meta(self) -> dict:
+        path = os.path.join(self.path, "sweep.json")
+        if not os.path.isfile(path):
+            return {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                meta = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ReportError(f"{path!r} is not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise ReportError(f"{path!r} holds a {type(meta).__name__}; expected the sweep's record (a JSON object)")
+        return meta
+
+    # --- the config -----------------------------------------------------------------------
+    @property
+    def config(self) -> dict:
+        return self.meta.get("config") or {}
+
+    @property
+    def versions(self) -> dict:
+        return self.meta.get("versions") or {}
+
+    def intervention_settings(self) -> list[tuple[str, str, dict]] | None:
+        """(setting, intervention name, params) the sweep scored, or None when not recorded."""
+        ivs = self.config.get("interventions")
+        if not isinstance(ivs, list):
+            return None
+        return [(d["setting"], d["name"], dict(d.get("params") or {})) for d in ivs if isinstance(d, dict) and "name" in d]
+
+    # --- the task folders -----------------------------------------------------------------
+    def _task(self, kind: str, tid: str) -> str:
+        return os.path.join(self.path, "tasks", kind, tid)
+
+    def _split_files(self, split_id: str) -> dict:
+        """The crop manifest, split manifest, manifest columns and geometry flag of a split
+        task (None / {} where not on disk)."""
+        folder = self._task("split", split_id)
+        split = os.path.join(folder, "split.csv")
+        try:
+            with open(os.path.join(folder, "result.json"), encoding="utf-8") as f:
+                res = json.load(f)["result"]
+            manifest = res["manifest"]
+            manifest = manifest if os.path.isabs(manifest) else os.path.join(self.path, manifest)
+        except (OSError, KeyError, TypeError, json.JSONDecodeError):
+            res, manifest = {}, None
+        return dict(manifest=manifest if manifest and os.path.isfile(manifest) else None,
+                    split=split if os.path.isfile(split) else None,
+                    columns=res.get("columns") if isinstance(res.get("columns"), dict) else None,
+                    geometry=bool(res.get("geometry")))
+
+    def models(self) -> list[ModelRef]:
+        """Every model sweep.json lists (or, without it, every model of the predictions table)."""
+        entries = self.meta.get("models")
+        if not isinstance(entries, list):
+            keys = ["model", "condition", "arch", "seed", "exposure"] + (["cell"] if "cell" in self.predictions else [])
+            entries = self.predictions[keys].drop_duplicates("model").to_dict("records")
+        out = []
+        for m in entries:
+            tid = str(m.get("model"))
+            run = self._task("train", tid)
+            files = self._split_files(str(m["split_id"])) if m.get("split_id") else dict(manifest=None, split=None)
+            out.append(ModelRef(model=tid, condition=str(m.get("condition", "")), arch=str(m.get("arch", "")),
+                                seed=int(m.get("seed", 0)), exposure=str(m.get("exposure") or ""), cell=str(m.get("cell") or ""),
+                                run_dir=run if os.path.isfile(os.path.join(run, "run.json")) else None,
+                                **files))
+        return out
+
+    def example_pair(self, condition: str | None = None) -> tuple[ModelRef | None, ModelRef | None]:
+        """A leak model with a run folder on disk and the clean model of the same condition,
+        seed and architecture (or None), preferring a condition with planted mechanisms."""
+        models = [m for m in self.models() if m.run_dir]
+        leaks = [m for m in models if m.exposure == "leak" and (condition is None or m.condition == condition)]
+        if not leaks:
+            return None, None
+        leaks.sort(key=lambda m: (m.condition == "none", m.condition, m.seed, m.arch, m.cell))
+        leak = leaks[0]
+        clean = [m for m in models if m.exposure == "clean" and (m.condition, m.seed, m.arch) == (leak.condition, leak.seed, leak.arch)]
+        clean.sort(key=lambda m: (m.cell.split("-")[-1] != leak.cell.split("-")[-1], m.cell))
+        return leak, (clean[0] if clean else None)
+
+    def benchmarks(self) -> dict[str, ModelRef]:
+        """Per condition, one model (lowest seed) whose benchmark and split are on disk."""
+        out: dict[str, ModelRef] = {}
+        for m in sorted(self.models(), key=lambda m: (m.condition, m.seed, m.exposure != "leak", m.model)):
+            if m.manifest and m.split and m.condition not in out:
+                out[m.condition] = m
+        return out

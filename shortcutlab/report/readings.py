@@ -1,0 +1,343 @@
+"""One-sentence readings of the report's figures, generated from the numbers.
+
+Every number is taken from the estimates table (`shortcutlab.stats.estimates`, fractions) or
+from the results rows, and printed in percentage points (pp, one decimal) or percent; an
+interval is the table's (95% by default) percentile bootstrap interval.
+
+The rules, stated once and used everywhere:
+
+- **A leak** is called a leak when its interval excludes zero ("the leak is +13.0 pp (95% CI
+  +9.1 to +16.8 pp)"); otherwise the sentence adds "not distinguishable from zero", and the
+  interventions are not read against it ("no leak to remove").
+- **An intervention's verdict** (`removal_verdict`), from the leak cut (leak under the
+  unaltered crops minus leak under the intervention), its interval and the share removed
+  (cut / leak):
+
+  1. ``uninformative`` when its accuracy cost on clean models exceeds the leak (the cost
+     point estimate is larger than the leak point estimate): the intervention damages the
+     crops more than the leak is worth, so a cut of the leak says little;
+  2. ``no leak`` when the leak's interval includes zero (or has none);
+  3. ``unclear`` when the cut has no interval (one seed, one parent);
+  4. ``removed`` when the cut's interval lies above zero and the share removed is at least
+     50%;
+  5. ``partly removed`` when the cut's interval lies above zero and the share is below 50%;
+  6. ``increased`` when the cut's interval lies below zero (the leak grows);
+  7. ``not removed`` otherwise (the cut's interval includes zero).
+
+- **A diagnostic moves with the leak** (`moves_verdict`) when its leak-minus-clean
+  difference, paired by seed, has an interval that excludes zero; ``does not move`` when the
+  interval includes zero; ``n/a`` without an interval.
+- **The dose-response slope** (the models' leak gap on R, per 0.1 of R) is given with its
+  seed-bootstrap interval from three seeds up; with two, half the resamples hold one seed
+  and have no slope, and the rest repeat the estimate, so no interval is stated.
+- **Grad-CAM's randomised-head check passes** when the median Spearman correlation between
+  the trained and the randomised-head maps is below 0.5 (the maps change when the head
+  does); the outside mass is said to match a randomised head's when the two means differ by
+  less than 5 pp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+#: Phrases for the intervention names (a setting's parameters are added in brackets).
+INTERVENTION_NAMES = {
+    "none": "the unaltered crops",
+    "background_removal": "background removal",
+    "background_noise": "background noise",
+    "background_transplant": "background transplant",
+    "illumination_flattening": "illumination flattening",
+    "greyscale": "greyscale",
+    "low_pass": "low-pass blur",
+    "reinhard": "Reinhard colour transfer",
+    "reinhard_unseen_field": "Reinhard transfer to an unseen field",
+    "hed_jitter": "HED jitter",
+    "stain_normalize": "Macenko stain normalisation",
+    "corner_patches": "corner patches",
+}
+
+REMOVED_SHARE = 0.5      # "removed" from this share of the leak up (with the cut's interval above 0)
+HEAD_CHECK_RHO = 0.5     # Grad-CAM maps "change with the head" below this median Spearman rho
+SAME_MASS = 0.05         # outside mass "the same as a randomised head's" within this difference
+MIN_SLOPE_SEEDS = 3      # a slope's seed-bootstrap interval is stated from this many seeds up
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, (float, np.floating)) and math.isnan(x)) or x is pd.NA
+
+
+def pp(x: float, signed: bool = True) -> str:
+    """A fraction as percentage points with one decimal: 0.1304 -> '+13.0 pp'."""
+    if _nan(x):
+        return "n/a"
+    v = 100 * float(x)
+    v = 0.0 if abs(v) < 0.05 else v  # no '-0.0'
+    return f"{v:+.1f} pp" if signed else f"{v:.1f} pp"
+
+
+def _num(x: float, signed: bool = True) -> str:
+    v = 100 * float(x)
+    v = 0.0 if abs(v) < 0.05 else v
+    return f"{v:+.1f}" if signed else f"{v:.1f}"
+
+
+def ci_pp(lo: float, hi: float, level: float = 0.95) -> str:
+    """'95% CI +9.1 to +16.8 pp' (or 'no interval')."""
+    if _nan(lo) or _nan(hi):
+        return "no interval"
+    return f"{level * 100:.0f}% CI {_num(lo)} to {_num(hi)} pp"
+
+
+def pct(x: float) -> str:
+    """A share as a whole percentage: 0.7049 -> '70%'."""
+    if _nan(x):
+        return "n/a"
+    v = 100 * float(x)
+    return f"{0 if abs(v) < 0.5 else v:.0f}%"
+
+
+def ci_pct(lo: float, hi: float) -> str:
+    if _nan(lo) or _nan(hi):
+        return "no interval"
+    return f"CI {pct(lo)} to {pct(hi)}"
+
+
+def intervention_label(setting: str) -> str:
+    """'low_pass:sigma=2.0' -> 'low-pass blur (sigma=2.0)'; unknown names are kept."""
+    name, _, params = str(setting).partition(":")
+    text = INTERVENTION_NAMES.get(name, name.replace("_", " "))
+    return f"{text} ({params})" if params else text
+
+
+def _excludes_zero(lo, hi) -> bool:
+    return not (_nan(lo) or _nan(hi)) and (lo > 0 or hi < 0)
+
+
+# --- leak and interventions ------------------------------------------------------------------
+
+def leak_phrase(row, level: float = 0.95) -> str:
+    """'the leak is +13.0 pp (95% CI +9.1 to +16.8 pp)', with the caveats of the rules."""
+    est = row["estimate"]
+    if _nan(est):
+        return f"the leak could not be estimated ({row.get('reason') or 'no data'})"
+    if _nan(row["ci_low"]) or _nan(row["ci_high"]):
+        why = row.get("reason") or "no resamples"
+        return f"the leak is {pp(est)} (no interval: {why})"
+    text = f"the leak is {pp(est)} ({ci_pp(row['ci_low'], row['ci_high'], level)})"
+    if not _excludes_zero(row["ci_low"], row["ci_high"]):
+        text += ", not distinguishable from zero"
+    return text
+
+
+def removal_verdict(cut: float, cut_low: float, cut_high: float, share: float, leak: float, leak_low: float,
+                    leak_high: float, clean_cost: float) -> str:
+    """The verdict of one intervention on one leak (see the module docstring for the rules).
+
+    Args:
+        cut, cut_low, cut_high: the leak cut and its interval (fractions).
+        share: the share of the leak removed (cut / leak).
+        leak, leak_low, leak_high: the leak under the unaltered crops and its interval.
+        clean_cost: the intervention's accuracy cost on clean models (fraction; positive = a loss).
+
+    Returns:
+        One of 'uninformative', 'no leak', 'unclear', 'removed', 'partly removed', 'increased',
+        'not removed'.
+    """
+    if not _nan(clean_cost) and not _nan(leak) and clean_cost > leak:
+        return "uninformative"
+    if not (not _nan(leak_low) and leak_low > 0) and not (not _nan(leak_high) and leak_high < 0):
+        return "no leak"
+    if _nan(cut_low) or _nan(cut_high):
+        return "unclear"
+    if cut_low > 0:
+        return "removed" if not _nan(share) and share >= REMOVED_SHARE else "partly removed"
+    if cut_high < 0:
+        return "increased"
+    return "not removed"
+
+
+def removal_phrase(setting: str, verdict: str, cut: dict, share: dict, cost: dict, level: float = 0.95) -> str:
+    """One clause per intervention, e.g. 'Reinhard transfer to an unseen field removes 70% of it
+    (CI 45% to 95%)'. `cut`, `share`, `cost`: the estimate rows (estimate, ci_low, ci_high)."""
+    name = intervention_label(setting)
+    if verdict == "uninformative":
+        return (f"{name} is uninformative (it costs clean models {pp(cost['estimate'], signed=False)}, more than the "
+                f"leak)")
+    if verdict == "no leak":
+        return f"{name}: no leak to remove"
+    cut_text = f"{pp(cut['estimate'])}, {ci_pp(cut['ci_low'], cut['ci_high'], level)}"
+    if verdict == "removed":
+        return f"{name} removes {pct(share['estimate'])} of it ({ci_pct(share['ci_low'], share['ci_high'])})"
+    if verdict == "partly removed":
+        return f"{name} removes part of it ({pct(share['estimate'])}; {cut_text})"
+    if verdict == "increased":
+        return f"{name} makes it larger (cut {cut_text})"
+    if verdict == "unclear":
+        return f"{name} cuts it by {pp(cut['estimate'])} (no interval)"
+    return f"{name} does not remove it (cut {cut_text})"
+
+
+def _where(condition: str, diversity: str, arch: str) -> str:
+    parts = [str(condition)]
+    if diversity and diversity != "high-low":
+        parts.append(f"{diversity} diversity")
+    if arch == "pooled":
+        parts.append("pooled over architectures")
+    elif arch:
+        parts.append(str(arch))
+    return ", ".join(parts)
+
+
+def headline_arch(est: pd.DataFrame, condition: str) -> str | None:
+    """The architecture of a condition's headline rows: 'pooled' where present, else the only one."""
+    archs = set(est.loc[(est["estimand"] == "leak") & (est["condition"] == condition), "arch"].astype(str))
+    if "pooled" in archs:
+        return "pooled"
+    archs.discard("")
+    return sorted(archs)[0] if archs else None
+
+
+def intervention_rows(est: pd.DataFrame, condition: str, diversity: str, arch: str) -> list[dict]:
+    """Per intervention setting: {'setting', 'cut', 'share', 'cost', 'verdict'} (rows as dicts),
+    sorted by setting; empty when the estimates hold no intervention rows there."""
+    sel = est[(est["condition"] == condition) & (est["diversity"] == diversity) & (est["arch"] == arch)]
+    leak = sel[(sel["estimand"] == "leak") & (sel["intervention"] == "none")]
+    if leak.empty:
+        return []
+    leak = leak.iloc[0]
+    out = []
+    for setting in sorted(set(sel.loc[sel["estimand"] == "leak_cut", "intervention"])):
+        rows = {e: sel[(sel["estimand"] == e) & (sel["intervention"] == setting)] for e in ("leak_cut", "share_removed", "clean_cost")}
+        if any(r.empty for r in rows.values()):
+            continue
+        cut, share, cost = (rows[e].iloc[0].to_dict() for e in ("leak_cut", "share_removed", "clean_cost"))
+        verdict = removal_verdict(cut["estimate"], cut["ci_low"], cut["ci_high"], share["estimate"], leak["estimate"],
+                                  leak["ci_low"], leak["ci_high"], cost["estimate"])
+        out.append(dict(setting=setting, cut=cut, share=share, cost=cost, verdict=verdict))
+    return out
+
+
+def leak_reading(est: pd.DataFrame, condition: str, diversity: str, arch: str | None = None, level: float = 0.95) -> str:
+    """The forest plot's sentence for one condition and diversity level, e.g. 'color, high
+    diversity: the leak is +13.0 pp (95% CI +9.1 to +16.8 pp); Reinhard transfer to an unseen
+    field removes 70% of it (CI 45% to 95%); background removal does not remove it (cut
+    +0.5 pp, 95% CI -1.0 to +2.0 pp).'
+
+    Args:
+        est: the estimates table.
+        condition, diversity: which leak.
+        arch: which architecture row (default: `headline_arch`).
+    """
+    arch = headline_arch(est, condition) if arch is None else arch
+    sel = est[(est["estimand"] == "leak") & (est["condition"] == condition) & (est["diversity"] == diversity)
+              & (est["arch"] == arch) & (est["intervention"] == "none")]
+    if sel.empty:
+        return f"{_where(condition, diversity, arch or '')}: no leak estimate."
+    row = sel.iloc[0]
+    clauses = [leak_phrase(row, level)]
+    inter = intervention_rows(est, condition, diversity, arch)
+    if inter and all(r["verdict"] == "no leak" for r in inter):
+        clauses.append("the interventions are not read against it")
+    else:
+        clauses += [removal_phrase(r["setting"], r["verdict"], r["cut"], r["share"], r["cost"], level) for r in inter]
+    return f"{_where(condition, diversity, arch)}: " + "; ".join(clauses) + "."
+
+
+# --- accuracy, dose-response, Grad-CAM -------------------------------------------------------------
+
+def accuracy_reading(per_model: pd.DataFrame, est: pd.DataFrame | None = None, level: float = 0.95) -> str:
+    """The accuracy figure's sentence: the best and worst group mean, and the protocol effect.
+
+    Args:
+        per_model: one row per model with `group` (protocol or cell), `arch`, `condition` and
+            `accuracy` (fraction).
+        est: the estimates table, for ``protocol`` rows (P1 - P2) where present.
+    """
+    if per_model.empty:
+        return "No model was scored on unaltered crops."
+    g = per_model.groupby(["condition", "group", "arch"])["accuracy"].agg(["mean", "size"]).reset_index()
+    hi, lo = g.loc[g["mean"].idxmax()], g.loc[g["mean"].idxmin()]
+
+    def name(r):
+        return f"{r['group']} ({r['arch']}, {r['condition']})"
+
+    text = (f"Over {len(per_model)} models, mean test accuracy on unaltered crops ranges from {pct(lo['mean'])} "
+            f"({name(lo)}, {int(lo['size'])} model{'s' if lo['size'] != 1 else ''}) to {pct(hi['mean'])} ({name(hi)})")
+    if est is not None and not est.empty:
+        prot = est[(est["estimand"] == "protocol") & est["estimate"].notna()]
+        prot = prot[(prot["arch"] == "pooled") | ~prot["condition"].isin(prot.loc[prot["arch"] == "pooled", "condition"])]
+        parts = [f"{r['condition']}: {pp(r['estimate'])} ({ci_pp(r['ci_low'], r['ci_high'], level)})"
+                 for _, r in prot.sort_values("condition").iterrows()]
+        if parts:
+            text += "; the crop-level split (P1) minus the parent-disjoint split (P2) is " + ", ".join(parts)
+    return text + "."
+
+
+def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level: float = 0.95, rank: str = "") -> str:
+    """The R-versus-gap figure's sentence.
+
+    Args:
+        pairs: one row per leak/clean pair with `R`, `gap`, and optionally `R_after` and
+            `gap_after` (erasure, refitted heads) and `gap_source` ('models' or 'refitted heads').
+        slopes: the estimates' ``slope`` rows (gap on R), per condition.
+        rank: the erasure's rank setting, for the text.
+    """
+    if pairs.empty:
+        return "No leak/clean pair has a parent-recoverability R."
+    text = (f"Over {len(pairs)} leak/clean pair{'s' if len(pairs) != 1 else ''}, the leak models' R averages "
+            f"{pairs['R'].mean():.3f}")
+    if "R_after" in pairs and pairs["R_after"].notna().any():
+        ok = pairs.dropna(subset=["R_after"])
+        text += f" before and {ok['R_after'].mean():.3f} after {('LEACE ' + rank).strip()} erasure"
+        if "gap_after" in ok and ok["gap_after"].notna().any():
+            ok = ok.dropna(subset=["gap_after"])
+            text += (f", while the gap of refitted heads goes from {pp(ok['gap_before'].mean())} to "
+                     f"{pp(ok['gap_after'].mean())}")
+    if slopes is not None and not slopes.empty:
+        parts = []
+        for _, r in slopes.sort_values("condition").iterrows():
+            if _nan(r["estimate"]):
+                parts.append(f"{r['condition']}: no slope ({r.get('reason') or 'no data'})")
+            elif r.get("n_clusters", 3) < MIN_SLOPE_SEEDS:
+                parts.append(f"{r['condition']}: {pp(r['estimate'] * 0.1)} per 0.1 of R (no interval with "
+                             f"{int(r['n_clusters'])} seed{'s' if r['n_clusters'] != 1 else ''})")
+            else:
+                parts.append(f"{r['condition']}: {pp(r['estimate'] * 0.1)} per 0.1 of R "
+                             f"({ci_pp(r['ci_low'] * 0.1, r['ci_high'] * 0.1, level)})"
+                             if not _nan(r["ci_low"]) else f"{r['condition']}: {pp(r['estimate'] * 0.1)} per 0.1 of R (no interval)")
+        text += "; the models' leak gap's slope on R is " + "; ".join(parts)
+    return text + "."
+
+
+def gradcam_reading(summary: dict) -> str:
+    """The Grad-CAM figure's sentence, from `figures.gradcam_summary`'s dict (fractions, rhos)."""
+    if not summary:
+        return "No Grad-CAM rows."
+    parts = []
+    om = summary.get("outside_mass", {})
+    if om:
+        who = [f"{pct(v)} in {k} models" for k, v in om.items()]
+        who = who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
+        parts.append(f"Grad-CAM puts {who.replace(' in ', ' of the attribution outside the cell in ', 1)}")
+        rom = summary.get("randomized_outside_mass")
+        if not _nan(rom):
+            same = all(abs(v - rom) < SAME_MASS for v in om.values())
+            parts[-1] += (f"; a randomised head gives {pct(rom)}"
+                          + (", about the same, so the outside mass says little here" if same else ""))
+    rho, pair = summary.get("randomized_head_spearman"), summary.get("random_pair_spearman")
+    if not _nan(rho):
+        verdict = ("the maps change when the head is randomised (the check passes)" if rho < HEAD_CHECK_RHO
+                   else "the maps barely change when the head is randomised (the check fails)")
+        base = f" against {pair:.2f} between random pairs of crops" if not _nan(pair) else ""
+        parts.append(f"trained and randomised-head maps correlate at median rho {rho:.2f}{base}: {verdict}")
+    return "; ".join(parts) + "." if parts else "No Grad-CAM rows."
+
+
+def moves_verdict(low: float, high: float) -> str:
+    """'moves' (interval excludes 0), 'does not move', or 'n/a' (no interval)."""
+    if _nan(low) or _nan(high):
+        return "n/a"
+    return "moves" if (low > 0 or high < 0) else "does not move"

@@ -1,0 +1,88 @@
+"""HTML (self-contained: inline CSS, figures as data: URIs, no script, no link) and Markdown
+(figures as PNG files beside it) from the same sections."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+import pandas as pd
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 980px; margin: 2em auto;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
+p.reading { background: #f4f7fb; border-left: 3px solid #4a78b0; padding: .5em .8em; }
+p.missing { background: #fbf6ec; border-left: 3px solid #c8962e; padding: .5em .8em; }
+img { max-width: 100%; }
+table { border-collapse: collapse; font-size: .85em; margin: .8em 0; }
+th, td { border: 1px solid #ccc; padding: .25em .5em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+ul.notes { font-size: .9em; color: #555; }
+code { font-size: .9em; }
+"""
+
+
+def _html_table(frame: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+                   for row in frame.itertuples(index=False))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _md_cell(v) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(frame: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(_md_cell(c) for c in frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def to_html(title: str, intro: list[str], sections, warnings_: list[str]) -> str:
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
+             f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    parts += [f"<p>{html.escape(p)}</p>" for p in intro]
+    parts.append("<ul>" + "".join(f'<li><a href="#{s.key}">{html.escape(s.title)}</a></li>' for s in sections) + "</ul>")
+    for s in sections:
+        parts.append(f'<h2 id="{s.key}">{html.escape(s.title)}</h2>')
+        if s.png is not None:
+            data = base64.b64encode(s.png).decode("ascii")
+            parts.append(f'<img alt="{html.escape(s.title)}" src="data:image/png;base64,{data}">')
+        if s.missing:
+            parts.append(f'<p class="missing">{html.escape(s.missing)}</p>')
+        if s.reading:
+            parts.append(f'<p class="reading">{html.escape(s.reading)}</p>')
+        if s.table is not None and len(s.table):
+            parts.append(_html_table(s.table))
+        if s.notes:
+            parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in s.notes) + "</ul>")
+    if warnings_:
+        parts.append('<h2 id="warnings">Warnings raised while estimating</h2>')
+        parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(w)}</li>" for w in warnings_) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def to_markdown(title: str, intro: list[str], sections, warnings_: list[str], figure_dir: str = "figures") -> str:
+    lines = [f"# {title}", ""]
+    for p in intro:
+        lines += [p, ""]
+    for s in sections:
+        lines += [f"## {s.title}", ""]
+        if s.png is not None:
+            lines += [f"![{s.title}]({figure_dir}/{s.key}.png)", ""]
+        if s.missing:
+            lines += [f"*{s.missing}*", ""]
+        if s.reading:
+            lines += [f"**Reading.** {s.reading}", ""]
+        if s.table is not None and len(s.table):
+            lines += [_md_table(s.table), ""]
+        for n in s.notes:
+            lines.append(f"- {n}")
+        if s.notes:
+            lines.append("")
+    if warnings_:
+        lines += ["## Warnings raised while estimating", ""] + [f"- {w}" for w in warnings_] + [""]
+    return "\n".join(lines)

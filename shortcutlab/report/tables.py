@@ -1,0 +1,352 @@
+"""The numbers behind the report's figures, as tidy frames (pure functions of the tables).
+
+Units: fractions (accuracies, R, outside mass, effects); the readings print them in pp.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .readings import headline_arch, intervention_rows, moves_verdict, removal_verdict
+
+PAIR_KEYS = ["condition", "arch", "diversity", "seed"]
+
+
+def per_model_accuracy(pred: pd.DataFrame, baseline: str = "none") -> pd.DataFrame:
+    """One row per model: condition, arch, protocol, cell, group (the cell, or the protocol for
+    single-cell protocols), seed, accuracy on the unaltered crops, n crops."""
+    p = pred[pred["intervention"].astype(str) == baseline]
+    keys = ["model", "condition", "arch", "protocol", "cell", "seed"]
+    keys = [k for k in keys if k in p.columns]
+    acc = p.groupby(keys, observed=True)["correct"].agg(["mean", "size"]).reset_index()
+    acc = acc.rename(columns={"mean": "accuracy", "size": "n"})
+    for k in ("protocol", "cell"):
+        if k not in acc:
+            acc[k] = ""
+        acc[k] = acc[k].astype(str)
+    acc["group"] = np.where(acc["cell"] != "", acc["cell"], acc["protocol"])
+    for k in ("condition", "arch", "model"):
+        acc[k] = acc[k].astype(str)
+    return acc.sort_values(["condition", "group", "arch", "seed"]).reset_index(drop=True)
+
+
+# --- results rows per model and leak/clean pairs ------------------------------------------------
+
+def _model_values(results: pd.DataFrame, diagnostic: str, metric: str, setting) -> pd.DataFrame:
+    """One value per model of the rows (diagnostic, metric, setting) with the model's keys.
+
+    `setting` is a string, or a callable on the setting column giving a mask.
+    """
+    r = results[(results["diagnostic"] == diagnostic) & (results["metric"] == metric)]
+    r = r[setting(r["setting"])] if callable(setting) else r[r["setting"] == setting]
+    if r.empty:
+        return pd.DataFrame(columns=PAIR_KEYS + ["exposure", "value"])
+    keys = PAIR_KEYS + ["exposure"]
+    r = r.assign(condition=r["condition"].astype(str), arch=r["arch"].astype(str), diversity=r["diversity"].astype(str))
+    return r.groupby(["model"] + keys)["value"].mean().reset_index()
+
+
+def paired(results: pd.DataFrame, diagnostic: str, metric: str, setting) -> pd.DataFrame:
+    """Leak and clean values of one metric side by side, per (condition, arch, diversity, seed).
+
+    Returns:
+        columns condition, arch, diversity, seed, leak, clean, diff (leak - clean); pairs
+        lacking one side are left out.
+    """
+    v = _model_values(results, diagnostic, metric, setting)
+    v = v[v["exposure"].isin(["leak", "clean"])]
+    if v.empty:
+        return pd.DataFrame(columns=PAIR_KEYS + ["leak", "clean", "diff"])
+    w = v.pivot_table(index=PAIR_KEYS, columns="exposure", values="value", aggfunc="mean")
+    if not {"leak", "clean"} <= set(w.columns):
+        return pd.DataFrame(columns=PAIR_KEYS + ["leak", "clean", "diff"])
+    w = w.dropna(subset=["leak", "clean"]).reset_index()
+    w["diff"] = w["leak"] - w["clean"]
+    return w[PAIR_KEYS + ["leak", "clean", "diff"]]
+
+
+def seed_interval(values: pd.DataFrame, column: str, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float, int]:
+    """Mean of `column` over seeds (architectures averaged within a seed first) and a percentile
+    bootstrap interval that resamples seeds.
+
+    Returns:
+        (mean, low, high, number of seeds); the interval is NaN with fewer than two seeds.
+    """
+    per_seed = values.groupby("seed")[column].mean().dropna().to_numpy(float)
+    k = len(per_seed)
+    if k == 0:
+        return (np.nan, np.nan, np.nan, 0)
+    mean = float(per_seed.mean())
+    if k < 2 or n_boot <= 0:
+        return (mean, np.nan, np.nan, k)
+    rng = np.random.default_rng(seed)
+    reps = per_seed[rng.integers(0, k, size=(n_boot, k))].mean(axis=1)
+    a = (1 - level) / 2
+    lo, hi = np.quantile(reps, [a, 1 - a])
+    return (mean, float(lo), float(hi), k)
+
+
+def _not_class(setting: pd.Series) -> pd.Series:
+    return ~setting.str.contains("class=", regex=False)
+
+
+def r_source(results: pd.DataFrame | None) -> tuple[str, object] | None:
+    """(diagnostic, setting) of the models' overall R: the parent probe's (its rows without a
+    class), else LEACE's R before erasure; None without R rows."""
+    if results is None or results.empty:
+        return None
+    r = results[results["metric"] == "R"]
+    pp = r[(r["diagnostic"] == "parent_probe") & _not_class(r["setting"])]
+    if not pp.empty:
+        setting = sorted(pp["setting"].unique(), key=len)[0]
+        return ("parent_probe", setting)
+    le = r[r["diagnostic"] == "leace"]
+    if not le.empty:
+        return ("leace", leace_rank(results))
+    return None
+
+
+def leace_rank(results: pd.DataFrame | None) -> str | None:
+    """The LEACE setting to read ('rank=256', or 'rank=full'): the largest rank present."""
+    if results is None or results.empty:
+        return None
+    s = results.loc[(results["diagnostic"] == "leace") & (results["metric"] == "R_after"), "setting"].unique()
+    if not len(s):
+        return None
+
+    def key(x):
+        v = x.split("=", 1)[-1]
+        return float("inf") if v == "full" else float(v) if v.replace(".", "").isdigit() else -1.0
+
+    return sorted(s, key=key)[-1]
+
+
+def dose_pairs(pred: pd.DataFrame, results: pd.DataFrame | None, baseline: str = "none") -> pd.DataFrame:
+    """One row per leak/clean pair: R of the leak model, the leak gap (models' own heads, on
+    their common test crops), and with LEACE rows R_after and the gap of refitted heads before
+    and after erasure (gap_before, gap_after).
+
+    Returns:
+        columns condition, arch, diversity, seed, R, gap, R_after, gap_before, gap_after
+        (NaN where absent); empty without R rows or factorial pairs.
+    """
+    cols = PAIR_KEYS + ["R", "gap", "R_after", "gap_before", "gap_after"]
+    src = r_source(results)
+    if src is None:
+        return pd.DataFrame(columns=cols)
+    from ..stats import _factorial, _check_predictions
+
+    p = _check_predictions(pred)
+    fac, _ = _factorial(p[p["intervention"] == baseline])
+    if fac.empty:
+        return pd.DataFrame(columns=cols)
+    acc = fac.groupby(PAIR_KEYS + ["exposure"], observed=True)["correct"].mean().unstack("exposure")
+    if not {"leak", "clean"} <= set(acc.columns):
+        return pd.DataFrame(columns=cols)
+    gap = (acc["leak"] - acc["clean"]).rename("gap").dropna().reset_index()
+    for k in ("condition", "arch", "diversity"):
+        gap[k] = gap[k].astype(str)
+    R = _model_values(results, src[0], "R", src[1])
+    R = R[R["exposure"] == "leak"][PAIR_KEYS + ["value"]].rename(columns={"value": "R"})
+    out = gap.merge(R, on=PAIR_KEYS)
+    rank = leace_rank(results)
+    if rank is not None:
+        after = _model_values(results, "leace", "R_after", rank)
+        after = after[after["exposure"] == "leak"][PAIR_KEYS + ["value"]].rename(columns={"value": "R_after"})
+        out = out.merge(after, on=PAIR_KEYS, how="left")
+        test = f"{rank},test_set=test"
+        b, a = paired(results, "leace", "accuracy_before", test), paired(results, "leace", "accuracy_after", test)
+        heads = b[PAIR_KEYS + ["diff"]].rename(columns={"diff": "gap_before"}).merge(
+            a[PAIR_KEYS + ["diff"]].rename(columns={"diff": "gap_after"}), on=PAIR_KEYS)
+        out = out.merge(heads, on=PAIR_KEYS, how="left")
+    for c in cols:
+        if c not in out:
+            out[c] = np.nan
+    return out[cols].sort_values(PAIR_KEYS).reset_index(drop=True)
+
+
+def gradcam_rows(results: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per model with Grad-CAM rows: keys, outside_mass, randomized_outside_mass,
+    randomized_head_spearman (the head alone, cascade=0), random_pair_spearman."""
+    cols = ["model"] + PAIR_KEYS + ["exposure", "outside_mass", "randomized_outside_mass", "randomized_head_spearman",
+                                    "random_pair_spearman"]
+    if results is None or results.empty:
+        return pd.DataFrame(columns=cols)
+    g = results[results["diagnostic"] == "gradcam"]
+    om = g[(g["metric"] == "outside_mass") & ~g["setting"].str.contains("cascade=", regex=False)]
+    if om.empty:
+        return pd.DataFrame(columns=cols)
+    base = sorted(om["setting"].unique(), key=len)[0]
+    parts = [_model_values(results, "gradcam", "outside_mass", base).rename(columns={"value": "outside_mass"})]
+    for metric, setting in (("randomized_outside_mass", f"{base},cascade=0"), ("randomized_head_spearman", f"{base},cascade=0"),
+                            ("random_pair_spearman", base)):
+        v = _model_values(results, "gradcam", metric, setting)[["model", "value"]].rename(columns={"value": metric})
+        parts.append(v)
+    out = parts[0]
+    for v in parts[1:]:
+        out = out.merge(v, on="model", how="left")
+    out["exposure"] = out["exposure"].replace("", "unpaired")
+    return out[cols].sort_values(["condition", "exposure", "seed"]).reset_index(drop=True)
+
+
+def gradcam_summary(rows: pd.DataFrame) -> dict:
+    """Means for the Grad-CAM reading: outside mass per exposure, randomised-head outside mass,
+    median rhos (medians over models of the per-model medians)."""
+    if rows.empty:
+        return {}
+    om = {str(k): float(v) for k, v in rows.groupby("exposure")["outside_mass"].mean().items() if np.isfinite(v)}
+    order = {"leak": 0, "clean": 1}
+    om = dict(sorted(om.items(), key=lambda kv: order.get(kv[0], 2)))
+
+    def med(c):
+        v = rows[c].dropna()
+        return float(v.median()) if len(v) else np.nan
+
+    return {"outside_mass": om, "randomized_outside_mass": float(rows["randomized_outside_mass"].mean())
+            if rows["randomized_outside_mass"].notna().any() else np.nan,
+            "randomized_head_spearman": med("randomized_head_spearman"), "random_pair_spearman": med("random_pair_spearman")}
+
+
+# --- the validity table (the issue's item 3) ------------------------------------------------
+
+VALIDITY_COLUMNS = ["condition", "diversity", "arch", "leak", "leak_ci_low", "leak_ci_high", "kind", "item", "estimate",
+                    "ci_low", "ci_high", "share", "share_ci_low", "share_ci_high", "clean_cost", "cost_ci_low", "cost_ci_high",
+                    "verdict", "n_seeds"]
+
+
+def _pair_subset(frame: pd.DataFrame, condition: str, diversity: str, arch: str) -> pd.DataFrame:
+    f = frame[(frame["condition"] == condition) & (frame["diversity"] == diversity)]
+    return f if arch == "pooled" else f[f["arch"] == arch]
+
+
+def validity_table(est: pd.DataFrame, results: pd.DataFrame | None = None, *, n_boot: int = 2000, seed: int = 0,
+                   level: float = 0.95) -> pd.DataFrame:
+    """For each planted mechanism (condition) and diversity level: the leak, what each
+    intervention removes of it next to its cost on clean models, and whether the diagnostics
+    move with it (the issue's validity table).
+
+    Rows (`kind`):
+
+    - ``intervention``: estimate = the leak cut, share = the share removed, clean_cost = the
+      accuracy cost on clean models, each with its interval from `est`; verdict from
+      `readings.removal_verdict` ('uninformative' when the cost exceeds the leak);
+    - ``R``: estimate = leak-model R minus clean-model R (the parent probe), paired by seed;
+    - ``erasure``: estimate = the leak gap of refitted heads before minus after LEACE erasure
+      (the largest rank), share = that cut over the gap before, clean_cost = the clean
+      heads' accuracy cost; verdict as for an intervention;
+    - ``gradcam``: estimate = leak-model minus clean-model Grad-CAM outside mass.
+
+    The diagnostic rows' intervals resample seeds (`seed_interval`; architectures averaged
+    within a seed for the pooled row); R and Grad-CAM get `readings.moves_verdict`.
+
+    Args:
+        est: the estimates table (`shortcutlab.stats.estimates`).
+        results: the sweep's results rows (with the model key columns), or None.
+
+    Returns:
+        `VALIDITY_COLUMNS`, fractions; empty when `est` holds no leak row with an estimate.
+    """
+    rows = []
+    leaks = est[(est["estimand"] == "leak") & (est["intervention"] == "none") & est["estimate"].notna()]
+    for condition in sorted(leaks["condition"].unique()):
+        arch = headline_arch(est, condition)
+        for diversity in sorted(leaks.loc[leaks["condition"] == condition, "diversity"].unique()):
+            lr = leaks[(leaks["condition"] == condition) & (leaks["diversity"] == diversity) & (leaks["arch"] == arch)]
+            if lr.empty:
+                continue
+            lr = lr.iloc[0]
+            head = dict(condition=condition, diversity=diversity, arch=arch, leak=lr["estimate"], leak_ci_low=lr["ci_low"],
+                        leak_ci_high=lr["ci_high"])
+            for r in intervention_rows(est, condition, diversity, arch):
+                rows.append(dict(head, kind="intervention", item=r["setting"], estimate=r["cut"]["estimate"],
+                                 ci_low=r["cut"]["ci_low"], ci_high=r["cut"]["ci_high"], share=r["share"]["estimate"],
+                                 share_ci_low=r["share"]["ci_low"], share_ci_high=r["share"]["ci_high"],
+                                 clean_cost=r["cost"]["estimate"], cost_ci_low=r["cost"]["ci_low"],
+                                 cost_ci_high=r["cost"]["ci_high"], verdict=r["verdict"], n_seeds=lr["n_seeds"]))
+            if results is None or results.empty:
+                continue
+            src = r_source(results)
+            if src is not None and src[0] == "parent_probe":
+                d = _pair_subset(paired(results, "parent_probe", "R", src[1]), condition, diversity, arch)
+                if len(d):
+                    m, lo, hi, k = seed_interval(d, "diff", n_boot, seed, level)
+                    rows.append(dict(head, kind="R", item=f"parent probe R ({src[1] or 'overall'})", estimate=m, ci_low=lo,
+                                     ci_high=hi, verdict=moves_verdict(lo, hi), n_seeds=k))
+            rank = leace_rank(results)
+            if rank is not None:
+                test = f"{rank},test_set=test"
+                b = paired(results, "leace", "accuracy_before", test)
+                a = paired(results, "leace", "accuracy_after", test)
+                j = b.merge(a, on=PAIR_KEYS, suffixes=("_b", "_a"))
+                j = _pair_subset(j, condition, diversity, arch)
+                if len(j):
+                    j = j.assign(cut=j["diff_b"] - j["diff_a"], cost=j["clean_b"] - j["clean_a"], gap=j["diff_b"])
+                    m, lo, hi, k = seed_interval(j, "cut", n_boot, seed, level)
+                    gap = float(j.groupby("seed")["gap"].mean().mean())
+                    cost = float(j.groupby("seed")["cost"].mean().mean())
+                    share = m / gap if gap else np.nan
+                    verdict = removal_verdict(m, lo, hi, share, lr["estimate"], lr["ci_low"], lr["ci_high"], cost)
+                    rows.append(dict(head, kind="erasure", item=f"LEACE {rank} (refitted heads)", estimate=m, ci_low=lo,
+                                     ci_high=hi, share=share, clean_cost=cost, verdict=verdict, n_seeds=k))
+            g = gradcam_rows(results)
+            if len(g):
+                d = _pair_subset(paired(results, "gradcam", "outside_mass", sorted(
+                    results.loc[(results["diagnostic"] == "gradcam") & (results["metric"] == "outside_mass"), "setting"].unique(),
+                    key=len)[0]), condition, diversity, arch)
+                if len(d):
+                    m, lo, hi, k = seed_interval(d, "diff", n_boot, seed, level)
+                    rows.append(dict(head, kind="gradcam", item="Grad-CAM outside mass", estimate=m, ci_low=lo, ci_high=hi,
+                                     verdict=moves_verdict(lo, hi), n_seeds=k))
+    out = pd.DataFrame(rows, columns=VALIDITY_COLUMNS)
+    return out
+
+
+# --- the audit card ------------------------------------------------------------------------------
+
+def audit_card(manifest: str, split: str, columns: dict | None = None, geometry: bool = False,
+               results: pd.DataFrame | None = None) -> dict:
+    """The data's audit card for one benchmark and split: parents, crops, classes, split unit
+    and protocol, and per cell of the split the test side's share with a training sibling
+    and with a pixel-overlapping training sibling (`shortcutlab.audit`).
+
+    Hook: where `results` holds rows of a ``siblings`` diagnostic (metric ``share``), their
+    mean is added as ``siblings_share``.
+
+    Returns:
+        dict with n_crops, n_parents, n_classes, sibling_share (closed form: crops whose parent
+        holds another), protocol, unit, params, sha256, and cells: {cell: {n_test, n_train,
+        test_parents, with_train_sibling, with_overlapping_train_sibling}}.
+    """
+    from ..audit import audit
+    from ..manifest import SplitManifest
+    from ..table import CropTable
+
+    c = {"id": "id", "label": "label", "parent": "parent", **(columns or {})}
+    kw = {"box": "x,y,w,h"} if geometry else {}
+    table = CropTable.from_csv(manifest, id=c["id"], label=c["label"], parent=c["parent"], **kw)
+    sm = SplitManifest.read(split)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = audit(table, split=sm)
+    measured = res.get("measured") or {}
+    cells = measured if measured and "train" not in measured else {"": measured}
+    card = dict(n_crops=res["n_crops"], n_parents=res["n_parents"], n_classes=res["n_classes"],
+                sibling_share=res["sibling_share"], protocol=sm.protocol,
+                unit=(sm.params or {}).get("unit", "parent" if sm.protocol in ("factorial", "parent", "parent-dedup") else
+                                           "crop" if sm.protocol == "crop" else "unknown"),
+                params={k: v for k, v in (sm.params or {}).items() if k != "dedup"}, sha256=sm.hash, cells={})
+    for name, m in cells.items():
+        if not isinstance(m, dict) or "test" not in m:
+            continue
+        t = m["test"]
+        card["cells"][name] = dict(n_train=m.get("train", {}).get("n_crops"), n_test=t["n_crops"], test_parents=t["n_parents"],
+                                   with_train_sibling=t.get("with_train_sibling"),
+                                   with_overlapping_train_sibling=t.get("with_overlapping_train_sibling"))
+    if results is not None and not results.empty:
+        s = results[(results["diagnostic"] == "siblings") & (results["metric"] == "share")]
+        if not s.empty:
+            card["siblings_share"] = float(s["value"].mean())
+    return card

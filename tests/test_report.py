@@ -1,0 +1,315 @@
+"""`shortcutlab report`: the readings' rules on hand-made estimates, the validity table on
+hand-set results, and whole reports over fake sweep folders (from `stats.simulate_factorial`)
+and, where the sweep runner is present, over a tiny real sweep."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from shortcutlab.report import build_report, leak_reading, removal_verdict, validity_table
+from shortcutlab.report.readings import gradcam_reading, pp
+from shortcutlab.stats import ESTIMATE_COLUMNS, simulate_factorial
+
+SECTIONS = ("audit", "accuracy", "leak_effect", "validity", "dose_response", "gradcam", "examples")
+
+
+# --- readings on hand-made estimates -----------------------------------------------------------------
+
+def _est(rows) -> pd.DataFrame:
+    base = dict(family="", condition="color", arch="r18", diversity="high", se=np.nan, p_value=np.nan, p_holm=np.nan,
+                reject=False, n_seeds=5, n_parents=40, n_crops=400, n_boot=1000, reason="")
+    out = pd.DataFrame([{**base, **r} for r in rows])
+    for c in ESTIMATE_COLUMNS:
+        if c not in out:
+            out[c] = np.nan
+    return out
+
+
+def _intervention(name, cut, share, cost):
+    return [dict(estimand="leak_cut", intervention=name, estimate=cut[0], ci_low=cut[1], ci_high=cut[2]),
+            dict(estimand="share_removed", intervention=name, estimate=share[0], ci_low=share[1], ci_high=share[2]),
+            dict(estimand="clean_cost", intervention=name, estimate=cost[0], ci_low=cost[1], ci_high=cost[2])]
+
+
+HAND = _est([
+    dict(estimand="leak", intervention="none", estimate=0.13, ci_low=0.091, ci_high=0.168),
+    *_intervention("reinhard_unseen_field", (0.091, 0.05, 0.13), (0.70, 0.45, 0.95), (0.01, -0.01, 0.03)),
+    *_intervention("background_removal", (0.005, -0.01, 0.02), (0.04, -0.08, 0.15), (0.02, 0.0, 0.04)),
+    *_intervention("greyscale", (0.12, 0.08, 0.16), (0.92, 0.6, 1.2), (0.15, 0.12, 0.18)),
+    *_intervention("low_pass:sigma=2.0", (0.03, 0.01, 0.05), (0.23, 0.08, 0.4), (0.0, -0.01, 0.01)),
+])
+
+
+def test_leak_reading_hand_made():
+    text = leak_reading(HAND, "color", "high")
+    assert text == (
+        "color, high diversity, r18: the leak is +13.0 pp (95% CI +9.1 to +16.8 pp); "
+        "background removal does not remove it (cut +0.5 pp, 95% CI -1.0 to +2.0 pp); "
+        "greyscale is uninformative (it costs clean models 15.0 pp, more than the leak); "
+        "low-pass blur (sigma=2.0) removes part of it (23%; +3.0 pp, 95% CI +1.0 to +5.0 pp); "
+        "Reinhard transfer to an unseen field removes 70% of it (CI 45% to 95%).")
+
+
+def test_leak_reading_no_leak_and_no_interval():
+    est = _est([dict(estimand="leak", intervention="none", estimate=0.012, ci_low=-0.02, ci_high=0.04, arch="pooled"),
+                *[dict(r, arch="pooled") for r in _intervention("greyscale", (0.01, -0.01, 0.03), (0.8, -1, 3), (0.0, -0.01, 0.01))]])
+    assert leak_reading(est, "color", "high") == (
+        "color, high diversity, pooled over architectures: the leak is +1.2 pp (95% CI -2.0 to +4.0 pp), not "
+        "distinguishable from zero; the interventions are not read against it.")
+    one = _est([dict(estimand="leak", intervention="none", estimate=0.1, ci_low=np.nan, ci_high=np.nan,
+                     reason="1 seed(s): the seed-level variance cannot be estimated, no interval")])
+    assert leak_reading(one, "color", "high") == ("color, high diversity, r18: the leak is +10.0 pp (no interval: 1 seed(s): "
+                                                  "the seed-level variance cannot be estimated, no interval).")
+
+
+@pytest.mark.parametrize("args,verdict", [
+    # cut, cut_low, cut_high, share, leak, leak_low, leak_high, clean_cost
+    ((0.09, 0.05, 0.13, 0.70, 0.13, 0.09, 0.17, 0.01), "removed"),
+    ((0.03, 0.01, 0.05, 0.23, 0.13, 0.09, 0.17, 0.00), "partly removed"),
+    ((0.005, -0.01, 0.02, 0.04, 0.13, 0.09, 0.17, 0.02), "not removed"),
+    ((-0.05, -0.08, -0.02, -0.4, 0.13, 0.09, 0.17, 0.00), "increased"),
+    ((0.12, 0.08, 0.16, 0.92, 0.13, 0.09, 0.17, 0.15), "uninformative"),      # cost 15 pp > leak 13 pp
+    ((0.12, 0.08, 0.16, 0.92, 0.13, 0.09, 0.17, 0.13), "removed"),            # cost equal to the leak: not above it
+    ((0.01, -0.01, 0.03, 0.8, 0.012, -0.02, 0.04, 0.0), "no leak"),
+    ((0.05, np.nan, np.nan, 0.5, 0.1, 0.05, 0.15, 0.0), "unclear"),
+])
+def test_removal_verdict_rules(args, verdict):
+    assert removal_verdict(*args) == verdict
+
+
+def test_pp_and_gradcam_reading():
+    assert pp(0.1304) == "+13.0 pp" and pp(-0.0004) == "+0.0 pp" and pp(-0.021) == "-2.1 pp"
+    text = gradcam_reading({"outside_mass": {"leak": 0.84, "clean": 0.80}, "randomized_outside_mass": 0.86,
+                            "randomized_head_spearman": 0.72, "random_pair_spearman": 0.1})
+    assert text == ("Grad-CAM puts 84% of the attribution outside the cell in leak models and 80% in clean models; a "
+                    "randomised head gives 86%; trained and randomised-head maps correlate at median rho 0.72 against "
+                    "0.10 between random pairs of crops: the maps barely change when the head is randomised (the check "
+                    "fails).")
+
+
+# --- fake sweep folders --------------------------------------------------------------------------------
+
+def _simulated(n_seeds=4, seed=1) -> pd.DataFrame:
+    """Two conditions; under `color` three interventions with known effects on the leak."""
+    color = simulate_factorial(n_seeds=n_seeds, n_parents=30, crops_per_parent=4, effect=1.2, condition="color", seed=seed)
+    none = simulate_factorial(n_seeds=n_seeds, n_parents=30, crops_per_parent=4, effect=0.0, condition="none", seed=seed + 1)
+    frames = [color, none]
+    for c in ("model", "arch", "exposure", "id", "parent", "cell"):
+        for f in frames:
+            f[c] = f[c].astype(str)
+    none["model"] = "none-" + none["model"]
+    # reinhard: every leak model answers as its clean partner does (the leak is gone, exactly)
+    rein = color.copy()
+    key = ["seed", "id"]
+    clean = color[color["exposure"] == "clean"].set_index(key)["correct"]
+    leak = rein["exposure"] == "leak"
+    rein.loc[leak, "correct"] = clean.reindex(pd.MultiIndex.from_frame(rein.loc[leak, key])).to_numpy()
+    rein["intervention"] = "reinhard_unseen_field"
+    # background removal: nothing changes
+    back = color.assign(intervention="background_removal")
+    # greyscale: every model wrong on every crop of even-numbered parents (costs clean models a lot)
+    grey = color.assign(intervention="greyscale")
+    even = grey["parent"].str[1:].astype(int) % 2 == 0
+    grey.loc[even, "correct"] = False
+    return pd.concat([color, none, rein, back, grey], ignore_index=True)
+
+
+def _results(pred: pd.DataFrame) -> pd.DataFrame:
+    """Hand-set diagnostic rows: leak R = clean R + 0.2 in `color` (+0 in `none`), LEACE that
+    removes the refitted heads' gap entirely in `color`, equal Grad-CAM mass."""
+    models = pred.drop_duplicates("model")[["model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity"]]
+    rows = []
+    for m in models.to_dict("records"):
+        leak = m["exposure"] == "leak"
+        up = 0.2 if (leak and m["condition"] == "color") else 0.0
+        r = 0.3 + 0.01 * m["seed"] + up
+        rows += [
+            dict(m, diagnostic="parent_probe", setting="on=all", metric="R", value=r),
+            dict(m, diagnostic="parent_probe", setting="on=all,class=0", metric="R", value=0.9),
+            dict(m, diagnostic="leace", setting="rank=16", metric="R", value=r),
+            dict(m, diagnostic="leace", setting="rank=16", metric="R_after", value=0.05),
+            dict(m, diagnostic="leace", setting="rank=16,test_set=test", metric="accuracy_before", value=0.6 + up),
+            dict(m, diagnostic="leace", setting="rank=16,test_set=test", metric="accuracy_after", value=0.6),
+            dict(m, diagnostic="gradcam", setting="target=predicted", metric="outside_mass", value=0.4 + 0.01 * m["seed"]),
+            dict(m, diagnostic="gradcam", setting="target=predicted", metric="random_pair_spearman", value=0.05),
+            dict(m, diagnostic="gradcam", setting="target=predicted,cascade=0", metric="randomized_head_spearman", value=0.1),
+            dict(m, diagnostic="gradcam", setting="target=predicted,cascade=0", metric="randomized_outside_mass", value=0.7),
+        ]
+    out = pd.DataFrame(rows)
+    out["run_id"] = out["model"]
+    out["ci_low"] = out["ci_high"] = np.nan
+    out["n"] = 100
+    return out
+
+
+def _fake_sweep(tmp_path, pred, results=None, name="sweep") -> str:
+    d = tmp_path / name
+    d.mkdir()
+    pred.to_parquet(d / "predictions.parquet", index=False)
+    if results is not None:
+        results.to_parquet(d / "results.parquet", index=False)
+    return str(d)
+
+
+def _section(html: str, key: str) -> str:
+    start = html.index(f'<h2 id="{key}">')
+    nxt = html.find("<h2 ", start + 1)
+    return html[start: nxt if nxt > 0 else len(html)]
+
+
+@pytest.fixture(scope="module")
+def simulated_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    pred = _simulated()
+    d = _fake_sweep(tmp, pred, _results(pred))
+    paths = build_report(d, n_boot=400)
+    with open(paths["html"], encoding="utf-8") as f:
+        html = f.read()
+    with open(paths["markdown"], encoding="utf-8") as f:
+        md = f.read()
+    return pred, paths, html, md
+
+
+def test_report_is_self_contained(simulated_report):
+    _, paths, html, _ = simulated_report
+    assert paths["dir"].endswith(os.path.join("sweep", "report"))
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "<script" not in html and "<link" not in html
+    imgs = re.findall(r"<img [^>]*src=\"([^\"]+)\"", html)
+    assert len(imgs) == 4          # accuracy, leak effect, R vs gap, Grad-CAM (no run folders: no examples)
+    assert all(s.startswith("data:image/png;base64,") for s in imgs)
+    for key in SECTIONS:
+        assert f'<h2 id="{key}">' in html
+
+
+def test_markdown_twin_references_existing_files(simulated_report):
+    _, paths, _, md = simulated_report
+    refs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert sorted(os.path.basename(r) for r in refs) == sorted(os.path.basename(p) for p in paths["figures"])
+    for r in refs:
+        with open(os.path.join(paths["dir"], r), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_readings_match_the_predictions(simulated_report):
+    pred, _, html, _ = simulated_report
+    c = pred[(pred["condition"] == "color") & (pred["intervention"] == "none")]
+    acc = c.groupby("exposure")["correct"].mean()
+    leak = acc["leak"] - acc["clean"]                       # every crop is scored by both models of its seed
+    section = _section(html, "leak_effect")
+    assert f"color, high diversity, a: the leak is {pp(leak)} (95% CI" in section
+    # reinhard copies the clean answers onto the leak models: the whole leak is cut, in every resample
+    assert "Reinhard transfer to an unseen field removes 100% of it (CI 100% to 100%)" in section
+    assert "background removal does not remove it (cut +0.0 pp, 95% CI +0.0 to +0.0 pp)" in section
+    g = pred[(pred["condition"] == "color") & (pred["exposure"] == "clean")]
+    cost = g[g["intervention"] == "none"]["correct"].mean() - g[g["intervention"] == "greyscale"]["correct"].mean()
+    assert cost > leak
+    assert f"greyscale is uninformative (it costs clean models {pp(cost, signed=False)}, more than the leak)" in section
+    grad = _section(html, "gradcam")
+    assert "Grad-CAM puts 42% of the attribution outside the cell in leak models and 42% in clean models" in grad
+    assert "a randomised head gives 70%" in grad and "median rho 0.10 against 0.05" in grad
+    # no run folders, no split tasks: the example crops and the audit card are left out, saying why
+    assert "Left out because no leak model&#x27;s run folder is in the sweep folder" in _section(html, "examples")
+    assert "Left out because no benchmark and split of the sweep are on disk" in _section(html, "audit")
+
+
+def test_validity_table_hand_set_results(simulated_report):
+    pred, paths, html, _ = simulated_report
+    v = pd.read_csv(paths["validity"], keep_default_na=False, na_values=[""])
+    color = v[v["condition"] == "color"].set_index("kind")
+    r = color.loc["R"]
+    assert r["estimate"] == pytest.approx(0.2) and r["ci_low"] == pytest.approx(0.2) and r["verdict"] == "moves"
+    e = color.loc["erasure"]                                 # refitted heads: gap 0.2 before, 0 after
+    assert e["estimate"] == pytest.approx(0.2) and e["share"] == pytest.approx(1.0) and e["verdict"] == "removed"
+    g = color.loc["gradcam"]
+    assert g["estimate"] == pytest.approx(0.0) and g["verdict"] == "does not move"
+    inter = v[(v["condition"] == "color") & (v["kind"] == "intervention")].set_index("item")["verdict"].to_dict()
+    assert inter == {"background_removal": "not removed", "greyscale": "uninformative", "reinhard_unseen_field": "removed"}
+    none = v[v["condition"] == "none"].set_index("kind")
+    assert none.loc["R", "estimate"] == pytest.approx(0.0) and none.loc["R", "verdict"] == "does not move"
+    assert "<td>uninformative</td>" in _section(html, "validity")
+
+
+def test_dose_section_reads_r_and_erasure(simulated_report):
+    _, _, html, _ = simulated_report
+    sec = _section(html, "dose_response")
+    # leak R = 0.3 + 0.01 seed + 0.2 (color) or + 0 (none), seeds 0..3: mean 0.415 over 8 pairs; R_after 0.05
+    assert "Over 8 leak/clean pairs, the leak models&#x27; R averages 0.415 before and 0.050 after LEACE rank=16 erasure" in sec
+    assert "the gap of refitted heads goes from +10.0 pp to +0.0 pp" in sec
+
+
+def test_missing_inputs_are_left_out_with_reasons(tmp_path):
+    pred = simulate_factorial(n_seeds=1, n_parents=20, crops_per_parent=3, condition="color", seed=3)
+    d = _fake_sweep(tmp_path, pred)
+    paths = build_report(d, n_boot=100)
+    html = open(paths["html"], encoding="utf-8").read()
+    assert "Left out because no leak estimate has an interval (1 seed(s)" in _section(html, "leak_effect")
+    assert "the leak is" in _section(html, "leak_effect")          # the point estimate is still read
+    for key in ("dose_response", "gradcam"):
+        assert "Left out because the sweep folder holds no results table (no diagnostics were run)" in _section(html, key)
+    assert [os.path.basename(p) for p in paths["figures"]] == ["accuracy.png"]
+    assert "Warnings raised while estimating" in html and "1 seed(s)" in _section(html, "warnings")
+
+
+def test_rebuild_replaces_the_report_and_refuses_foreign_folders(tmp_path):
+    from shortcutlab.io import OutputError
+
+    pred = simulate_factorial(n_seeds=2, n_parents=10, crops_per_parent=2, condition="c", seed=4)
+    d = _fake_sweep(tmp_path, pred)
+    first = build_report(d, n_boot=50, examples=False)
+    open(os.path.join(first["dir"], "stale.txt"), "w").close()
+    again = build_report(d, n_boot=50, examples=False)
+    assert not os.path.exists(os.path.join(again["dir"], "stale.txt"))
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("keep me")
+    with pytest.raises(OutputError, match="holds something other than a report"):
+        build_report(d, str(other), n_boot=50)
+    assert (other / "mine.txt").read_text() == "keep me"
+
+
+def test_cli_prints_the_html_path(tmp_path, capsys):
+    from shortcutlab.cli import main
+
+    pred = simulate_factorial(n_seeds=2, n_parents=10, crops_per_parent=2, condition="c", seed=5)
+    d = _fake_sweep(tmp_path, pred)
+    assert main(["report", d, "--n-boot", "50", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == str(tmp_path / "r" / "report.html") and os.path.isfile(out)
+
+
+# --- a tiny real sweep ------------------------------------------------------------------------------
+
+REAL_CONFIG = """
+data:
+  synthetic: {mechanisms: [color], fields_per_class: 12, crop_size: 32, field_size: 96, class_signal: 0.6}
+split: {protocol: factorial, params: {test_parent_share: 0.3}}
+seeds: [0, 1]
+models:
+  - {arch: test_resnet, epochs: 1, lr: 0.001, batch_size: 64}
+cells: [leak-high, clean-high]
+interventions: {names: [greyscale, background_removal]}
+diagnostics: {only: [parent_probe, gradcam], params: {parent_probe: {n_folds: 3}}}
+device: cpu
+"""
+
+
+@pytest.mark.slow
+def test_report_over_a_real_sweep(tmp_path):
+    runner = pytest.importorskip("shortcutlab.sweep.runner", reason="the sweep runner (branch sweep) is not merged yet")
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(REAL_CONFIG)
+    runner.run_sweep(str(cfg), str(tmp_path / "sweep"), progress=False)
+    paths = build_report(str(tmp_path / "sweep"), n_boot=200)
+    html = open(paths["html"], encoding="utf-8").read()
+    names = sorted(os.path.basename(p) for p in paths["figures"])
+    assert names == ["accuracy.png", "dose_response.png", "examples.png", "gradcam.png", "leak_effect.png"]
+    audit = _section(html, "audit")
+    assert "Left out" not in audit and "in leak cells 100% of test crops have a training sibling, in clean cells 0%" in audit
+    examples = _section(html, "examples")
+    assert "greyscale" in examples and "background removal" in examples and "Grad-CAM, clean model" in examples
