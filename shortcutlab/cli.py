@@ -479,12 +479,46 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_results(args) -> int:
-    from .sweep.runner import results_table
+    import warnings
 
-    table = results_table(args.dir)
+    from .stats import StatsWarning
+    from .sweep.runner import estimates_table, results_table
+
+    if args.n_boot < 0:
+        raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
+    accuracy = results_table(args.dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StatsWarning)
+        table = estimates_table(args.dir, n_boot=args.n_boot, seed=args.seed)
     with _pd_display():
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print("accuracy (mean over models)")
+        print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print()
+        print(f"estimates (percentage points; 95% two-way cluster bootstrap over seeds and test parents, {args.n_boot} resamples; "
+              "p_holm: Holm within the family)")
+        print(_estimates_text(table))
+    for w in caught:
+        print(f"note: {' '.join(str(w.message).split())}")
     return 0
+
+
+def _estimates_text(table) -> str:
+    """The estimates table for a terminal: effects in pp (share_removed in %, slope as is)."""
+    import numpy as np
+
+    if table.empty:
+        return "(no estimates: the sweep has no factorial and no protocol pair)"
+    t = table.copy()
+    pp = ~t["estimand"].isin(["share_removed", "slope"])
+    for c in ("estimate", "ci_low", "ci_high"):
+        t[c] = np.where(pp, 100 * t[c], np.where(t["estimand"] == "share_removed", 100 * t[c], t[c]))
+    t["ci"] = [f"[{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) else "" for lo, hi in zip(t["ci_low"], t["ci_high"])]
+    t["estimate"] = [f"{v:+.1f}" if np.isfinite(v) else "nan" for v in t["estimate"]]
+    for c in ("p_value", "p_holm"):
+        t[c] = [f"{v:.4f}" if np.isfinite(v) else "" for v in t[c]]
+    cols = ["estimand", "family", "condition", "arch", "diversity", "intervention", "estimate", "ci", "p_value", "p_holm",
+            "n_seeds", "n_parents", "reason"]
+    return t[[c for c in cols if c in t.columns]].to_string(index=False)
 
 
 def _pd_display():
@@ -640,6 +674,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("results", help="print the estimates table of a sweep folder")
     r.add_argument("dir", metavar="DIR")
+    r.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap draws (default 0)")
     r.set_defaults(func=cmd_results)
     r = sub.add_parser("report", help="one self-contained HTML report (and a Markdown twin) over a sweep folder")
     r.add_argument("dir", help="sweep folder written by `shortcutlab sweep`")

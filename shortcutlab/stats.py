@@ -773,12 +773,13 @@ def _slope(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dose_points(predictions: pd.DataFrame, results: pd.DataFrame, *, diagnostic: str = "parent_probe",
-                metric: str = "R", setting: str = "", intervention: str = "none") -> pd.DataFrame:
+                metric: str = "R", setting: str | None = None, intervention: str = "none") -> pd.DataFrame:
     """Points of the leak-gap dose-response: one per factorial pair (condition, arch, diversity, seed).
 
     gap = leak-model accuracy minus clean-model accuracy of the pair on their common test crops
     (under `intervention`); R = the leak model's `metric` from `diagnostic` rows with `setting`
-    (default the parent probe's overall R). Pairs without an R row are left out.
+    (None, the default: the diagnostic's overall value, i.e. its shortest setting that names no
+    class, such as the parent probe's ``on=all``). Pairs without an R row are left out.
 
     Returns:
         columns condition, arch, diversity, seed, gap, R.
@@ -791,8 +792,12 @@ def dose_points(predictions: pd.DataFrame, results: pd.DataFrame, *, diagnostic:
     if acc.empty or not {"leak", "clean"} <= set(acc.columns):
         return pd.DataFrame(columns=keys + ["gap", "R"])
     gap = (acc["leak"] - acc["clean"]).rename("gap").dropna().reset_index()
-    sel = results[(results["diagnostic"] == diagnostic) & (results["metric"] == metric)
-                  & (results["setting"].fillna("").astype(str) == setting)]
+    sel = results[(results["diagnostic"] == diagnostic) & (results["metric"] == metric)]
+    settings = sel["setting"].fillna("").astype(str)
+    if setting is None:
+        overall = sorted({v for v in settings if "class=" not in v}, key=lambda v: (len(v), v))
+        setting = overall[0] if overall else ""
+    sel = sel[settings == setting]
     r = sel.groupby(sel["model"].astype(str))["value"].mean()
     leak_model = fac[fac["exposure"] == "leak"].groupby(keys)["model"].first().rename("model").reset_index()
     out = gap.merge(leak_model, on=keys)

@@ -15,6 +15,7 @@ from shortcutlab.stats import (
     ESTIMATE_COLUMNS,
     StatsWarning,
     add_holm,
+    dose_points,
     dose_response,
     estimates,
     holm,
@@ -330,6 +331,21 @@ def test_estimates_table_families_and_holm():
         np.testing.assert_allclose(sub["p_holm"], holm(sub["p_value"])[0])
     assert table.loc[table["estimand"] == "share_removed", "p_holm"].isna().all()
     assert (table.loc[table["estimand"] == "slope", "n_seeds"] == 4).all()
+
+
+def test_dose_points_read_the_probes_overall_R_among_per_class_rows():
+    # a sweep's parent_probe rows carry setting "on=all" for the overall R and "on=all,class=k"
+    # per class; the dose-response must use the overall one, whatever the names
+    fac = grid(interventions=("none",), seed=3)
+    leak_models = fac.loc[fac["exposure"] == "leak", "model"].unique()
+    overall = np.linspace(0.1, 0.5, len(leak_models))
+    rows = [pd.DataFrame({"model": leak_models, "diagnostic": "parent_probe", "metric": "R", "setting": "on=all", "value": overall}),
+            pd.DataFrame({"model": leak_models, "diagnostic": "parent_probe", "metric": "R", "setting": "on=all,class=0", "value": 0.99})]
+    pts = dose_points(fac, pd.concat(rows, ignore_index=True))
+    by_model = dict(zip(leak_models, overall))
+    leak_model = fac[fac["exposure"] == "leak"].groupby(["condition", "arch", "diversity", "seed"])["model"].first()
+    expected = [by_model[m] for m in leak_model.loc[list(pts[["condition", "arch", "diversity", "seed"]].itertuples(index=False))]]
+    assert len(pts) == len(leak_model) and np.allclose(pts["R"], expected)
 
 
 def test_one_seed_warns_and_gives_nan_intervals():

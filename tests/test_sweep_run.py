@@ -4,6 +4,7 @@ runs, identical tables whatever the executor's worker count, and resume after SI
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -160,3 +161,25 @@ def test_resume_after_sigkill_gives_exactly_the_rows_of_an_uninterrupted_run(tmp
     pred = pd.read_parquet(os.path.join(killed, "predictions.parquet"))
     assert pred.duplicated(["model", "intervention", "id"]).sum() == 0
     assert pred["model"].nunique() == 4
+
+
+def test_results_command_prints_the_bootstrap_leak_effect(tmp_path, capsys):
+    # a sweep folder holding only a predictions table (simulated factorial): `shortcutlab
+    # results` prints the leak effect, which must equal leak minus clean accuracy computed by
+    # hand with pandas, in pp, with an interval around it
+    from shortcutlab.cli import main
+    from shortcutlab.stats import simulate_factorial
+
+    pred = simulate_factorial(n_seeds=6, n_parents=30, crops_per_parent=3, effect=0.8, seed=4)
+    for c in pred.columns:
+        if isinstance(pred[c].dtype, pd.CategoricalDtype):
+            pred[c] = pred[c].astype(str)
+    pred.to_parquet(tmp_path / "predictions.parquet", index=False)
+    hand = 100 * (pred.loc[pred["exposure"] == "leak", "correct"].mean() - pred.loc[pred["exposure"] == "clean", "correct"].mean())
+    assert main(["results", str(tmp_path), "--n-boot", "300"]) == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.split()[:2] == ["leak", "leak"])
+    m = re.search(r"([+-]\d+\.\d)\s+\[([+-]\d+\.\d), ([+-]\d+\.\d)\]", line)
+    assert m, line
+    est, lo, hi = map(float, m.groups())
+    assert est == pytest.approx(hand, abs=0.051) and lo < est < hi

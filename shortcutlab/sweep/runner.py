@@ -263,26 +263,55 @@ def gather(out_dir: str, plan: Plan) -> dict[str, str]:
     return paths
 
 
-def results_table(out_dir: str) -> pd.DataFrame:
-    """The estimates table of a sweep folder: mean test accuracy and number of models per
-    condition x arch x cell x intervention (from predictions.parquet).
+def _read_parquet(out_dir: str, name: str, required: bool = True) -> pd.DataFrame | None:
+    out_dir = os.fspath(out_dir)
+    path = os.path.join(out_dir, f"{name}.parquet")
+    if not os.path.isdir(out_dir):
+        raise SweepError(f"sweep folder {out_dir!r} does not exist")
+    if not os.path.isfile(path):
+        if not required:
+            return None
+        raise SweepError(f"{out_dir!r} holds no {name}.parquet: it is not a finished sweep folder (run `shortcutlab sweep CONFIG --out {out_dir}`)")
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 - a corrupt file is named, whatever pyarrow says
+        raise SweepError(f"{path!r} is not a readable Parquet file ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+
+
+def read_predictions(out_dir: str) -> pd.DataFrame:
+    """predictions.parquet of a finished sweep folder, checked for the key columns."""
+    pred = _read_parquet(out_dir, "predictions")
+    missing = [c for c in ("model", "condition", "arch", "cell", "intervention", "correct") if c not in pred.columns]
+    if missing:
+        path = os.path.join(os.fspath(out_dir), "predictions.parquet")
+        raise SweepError(f"{path!r} lacks the columns {', '.join(missing)}; it was not written by `shortcutlab sweep`")
+    return pred
+
+
+def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """The estimates of a sweep folder (`shortcutlab.stats.estimates` on its predictions and
+    results tables): leak effects, leak cuts and clean costs per intervention, the protocol
+    effect and the dose-response slope, each with its two-way cluster-bootstrap interval,
+    p-value and Holm-adjusted p within its family.
 
     Raises:
         SweepError: the folder is missing or holds no readable predictions.parquet.
     """
-    out_dir = os.fspath(out_dir)
-    path = os.path.join(out_dir, "predictions.parquet")
-    if not os.path.isdir(out_dir):
-        raise SweepError(f"sweep folder {out_dir!r} does not exist")
-    if not os.path.isfile(path):
-        raise SweepError(f"{out_dir!r} holds no predictions.parquet: it is not a finished sweep folder (run `shortcutlab sweep CONFIG --out {out_dir}`)")
-    try:
-        pred = pd.read_parquet(path)
-    except Exception as e:  # noqa: BLE001 - a corrupt file is named, whatever pyarrow says
-        raise SweepError(f"{path!r} is not a readable Parquet file ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
-    missing = [c for c in ("model", "condition", "arch", "cell", "intervention", "correct") if c not in pred.columns]
-    if missing:
-        raise SweepError(f"{path!r} lacks the columns {', '.join(missing)}; it was not written by `shortcutlab sweep`")
+    from ..stats import estimates
+
+    pred = read_predictions(out_dir)
+    results = _read_parquet(out_dir, "results", required=False)
+    return estimates(pred, results, n_boot=n_boot, seed=seed)
+
+
+def results_table(out_dir: str) -> pd.DataFrame:
+    """Mean test accuracy and number of models per condition x arch x cell x intervention of a
+    sweep folder (from predictions.parquet).
+
+    Raises:
+        SweepError: the folder is missing or holds no readable predictions.parquet.
+    """
+    pred = read_predictions(out_dir)
     per_model = pred.groupby(["condition", "arch", "cell", "intervention", "model"], sort=False)["correct"].mean().rename("accuracy").reset_index()
     table = per_model.groupby(["condition", "arch", "cell", "intervention"], sort=False).agg(
         accuracy=("accuracy", "mean"), n_models=("model", "nunique")).reset_index()
