@@ -36,25 +36,28 @@ at ``tol=1e-6``; at C=0.01, 0.304 either way). R is therefore defined by the fit
 here, ``LogisticRegression(C, tol)``, as scikit-learn users run it; lower ``tol`` for probes at
 convergence (slower).
 
-**Choosing C: a nested inner split.** The folds are paired, (0, 1), (2, 3), ... (an odd last
-fold pairs with its predecessor). For a pair {f, g}, an inner probe is fitted on the other
-folds for each C of ``Cs`` (smallest first, each warm-started from the previous one) and scored
-on fold g's crops whose parent it saw; that accuracy (ties: the smaller C) picks C for outer
-fold f, and fold f's accuracy picks C for fold g. So the crops a probe is scored on never
-influence its C. The outer probe of fold f then starts from the inner probe at its C, which was
-fitted without fold f: the warm start only saves iterations and cannot leak fold f. With one
-value in ``Cs`` there is no inner split. The inner probes train on (k - 2) / k of the crops
-(half, for k = 4) and the C path stops early once both of a pair's folds score lower than at a
-smaller C.
+**Choosing C: a nested inner split.** The C of outer fold f is chosen on its partner fold
+g = (f + floor(k / 2)) mod k. An inner probe is fitted on the crops of the other k - 2 folds
+(half of them, for k = 4) for each C of ``Cs`` in increasing order, each fit warm-started from
+the previous C's, and scored on fold g's crops whose parent it saw; f gets the C of highest
+accuracy (ties: the smaller C). For even k the pairs {f, g} are mutual, so one inner path
+serves both folds (k / 2 paths per class); for odd k every fold has its own. The path stops
+early: once every fold it serves has fewer correct crops at the last C than at some smaller
+C, no larger C is fitted (nor a candidate). Where the inner training crops hold fewer than two
+parents, or no crop of g has a parent the inner probe saw, f gets the middle value of
+``Cs`` (``inner_accuracy`` NaN). So the crops a probe is scored on never influence its C. The
+outer probe of fold f then starts from the inner probe at its C (re-expressed in the outer
+fit's standardisation), which was fitted without fold f: the warm start only saves iterations
+and cannot leak fold f. With one value in ``Cs`` there is no inner split.
 
-**Cost.** On 10,000 x 512 features, 1,000 parents in 4 classes (``benchmarks/
-bench_parent_probe.py``, a loaded 2-core machine) the full evaluation took 1.75x the time of
-one default scikit-learn fit per class on all crops (35 vs 20 CPU seconds), and 0.33x with one
-fixed C (no inner split): the inner split's C path and the outer refits at the small C it
-picks (about 10 L-BFGS iterations, against 4 at C = 1) are the cost. Each evaluation of the
-objective runs its two matrix products in float32, 2-3x cheaper than scikit-learn's float64
-one; PCA was not used (it changes R when the parent code lies off the top-variance
-directions).
+**Cost.** Each fit runs L-BFGS with scipy's L-BFGS-B iterates but without its bookkeeping
+(`probes._lbfgs`) and float32 matrix products (2-3x cheaper than scikit-learn's float64
+evaluation); the classes of a fold are fitted in parallel threads, one BLAS thread each (a BLAS
+pool synchronising on every few-millisecond product stalls on a loaded machine). On 10,000 x
+512 features, 1,000 parents in 4 classes (``benchmarks/bench_parent_probe.py``) the full
+evaluation, 260 L-BFGS iterations, took 0.2-0.6x the time of one default scikit-learn fit
+per class on all crops, measured in the same run (README, Benchmarks); PCA was not used (it
+changes R when the parent code lies off the top-variance directions).
 
 **Cross-fitting a transform.** `fit` accepts ``cross_fit=fn``: ``fn(mask)`` returns features of
 every crop under a map (an eraser, an adversary) fitted only on the crops where the boolean
