@@ -10,7 +10,8 @@ per-crop Spearman and the random-pair baseline) — at least 5x faster than pyto
   pools its last stage globally into one linear head);
 - ours, the same through the autograd path (``path="autograd"``), for any other head;
 - ours, the maps alone (``probes.gradcam``);
-- a bare forward pass of the model without autograd, the floor of any Grad-CAM;
+- a bare forward pass of the model without autograd, the floor of any Grad-CAM, and the same
+  on the BN-folded, channels-last inference twin that our fast path runs (its floor);
 - pytorch-grad-cam ``GradCAM(model, target_layers=[layer4])`` with ``targets=None`` (the
   predicted classes), maps alone;
 - captum ``LayerGradCam(model, layer4).attribute(x, target, relu_attributions=True)`` with
@@ -123,6 +124,15 @@ def main() -> None:
                 adapter.logits(x[p])
 
     methods["a bare forward pass (no grad), for scale"] = bare_forward
+    twin = probes.saliency._inference_twin(adapter, x[:16])
+
+    def twin_forward():  # the floor of ours: the BN-folded, channels-last twin's forward pass
+        with torch.no_grad():
+            for p in parts:
+                twin.logits(x[p].contiguous(memory_format=torch.channels_last))
+
+    if twin is not None:
+        methods["the same on ours' BN-folded channels-last twin"] = twin_forward
 
     anchors: list[str] = []
     try:

@@ -28,7 +28,8 @@ that is `ParentProbe`'s R) on a model's frozen pooled features:
 
 Fit. Features are standardised on each training fold (zero-variance columns keep scale 1), then
 scikit-learn's multinomial objective is minimised: mean cross-entropy + ||W||^2 / (2 C n) with an
-unpenalised intercept, by scipy's L-BFGS with scikit-learn's stopping rule (``gtol=tol``,
+unpenalised intercept, by L-BFGS with scipy's L-BFGS-B iterates (`probes._lbfgs`) and
+scikit-learn's stopping rule (``gtol=tol``,
 ``maxiter=max_iter``, ``maxls=50``; `probes._logistic.fit_multinomial`, ParentProbe's fit,
 without its step rescaling). The fit is therefore ``LogisticRegression(C=C, tol=tol,
 max_iter=max_iter)`` on the standardised features (the tests check it), computed with float32

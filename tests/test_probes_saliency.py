@@ -229,6 +229,70 @@ def test_fast_path_equals_autograd(build, size):
         np.testing.assert_allclose(f.spearman.numpy(), s.spearman.numpy(), atol=1e-4)
 
 
+def random_bn(adapter, seed: int = 0) -> None:
+    """Non-trivial BatchNorm statistics and affines (random init leaves them near identity)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in adapter.model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                n = m.num_features
+                m.running_mean.copy_(0.3 * torch.randn(n, generator=g))
+                m.running_var.copy_(0.5 + torch.rand(n, generator=g))
+                m.weight.copy_(1 + 0.3 * torch.randn(n, generator=g))
+                m.bias.copy_(0.2 * torch.randn(n, generator=g))
+
+
+def test_folded_twin_gives_the_maps_of_the_users_model():
+    # The fast path runs on a copy with BatchNorm folded into the convs (channels-last);
+    # captum on the user's own model is the reference, before and after the statistics change.
+    adapter = timm_adapter("resnet18")
+    random_bn(adapter, seed=1)
+    before = state_copy(adapter)
+    formats = {k: v.is_contiguous() for k, v in adapter.model.state_dict().items()}
+    x = batch(5, 64, seed=8)
+    t = torch.tensor([0, 1, 2, 3, 4])
+    close(gradcam(adapter, x, t), captum_gradcam(adapter, adapter.cam_layer, x, t), rtol=1e-4)
+    twin = saliency._TWINS[adapter][1]
+    assert twin is not None and not any(isinstance(m, nn.BatchNorm2d) for m in twin.model.modules())
+    assert_same_state(adapter, before)
+    assert {k: v.is_contiguous() for k, v in adapter.model.state_dict().items()} == formats
+    assert any(isinstance(m, nn.BatchNorm2d) for m in adapter.model.modules())
+    random_bn(adapter, seed=2)  # in place: the twin must be rebuilt, not reused
+    close(gradcam(adapter, x, t), captum_gradcam(adapter, adapter.cam_layer, x, t), rtol=1e-4)
+    assert saliency._TWINS[adapter][1] is not twin
+
+
+class ConvBnReuse(nn.Module):
+    """conv then bn in registration order, but the conv's output also feeds a residual
+    (``reuse``), or the activation runs between them (``between``): folding would be wrong."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        z = self.act(self.bn(y) + y) if self.how == "reuse" else self.bn(self.act(y))
+        return self.fc(self.pool(z).flatten(1))
+
+
+@pytest.mark.parametrize("how", ["reuse", "between"])
+def test_a_wrong_fold_is_caught_and_the_users_model_runs(how):
+    torch.manual_seed(0)
+    adapter = wrap(ConvBnReuse(how).eval(), head="fc", cam_layer="bn" if how == "between" else "act", mean=0.5, std=0.25)
+    random_bn(adapter, seed=3)
+    x = batch(4, 16, seed=9)
+    t = torch.tensor([0, 1, 2, 0])
+    ours = gradcam(adapter, x, t)
+    assert saliency._TWINS[adapter][1] is None
+    close(ours, captum_gradcam(adapter, adapter.cam_layer, x, t), rtol=1e-4)
+
+
 def test_fast_path_is_detected_not_assumed():
     x32 = batch(2, 32)
     assert "nn.Linear" in fast_path_reason(tiny(head=nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))), x32)
