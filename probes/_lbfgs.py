@@ -20,9 +20,8 @@ recursion in numpy with L-BFGS-B's other rules kept as they are:
 `tests/test_probes_parent_probe.py` checks that the iterates match scipy's L-BFGS-B (same
 number of iterations, same point to float rounding) on early-stopped and converged fits.
 
-``dcsrch`` and ``dcstep`` are MINPACK-2's line search (Moré and Thuente; public domain),
-following scipy's Python port (``scipy/optimize/_dcsrch.py``, BSD-3-Clause, Copyright (c)
-2001-2002 Enthought, Inc. 2003, SciPy Developers).
+The line search is scipy's own MINPACK-2 ``dcsrch`` (``scipy.optimize._dcsrch.DCSRCH``), driven
+one function evaluation at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from scipy.optimize._dcsrch import DCSRCH  # scipy >= 1.11
 
 _BIG = 1e10  # L-BFGS-B's step bound without bounds on the variables
 
@@ -119,143 +119,26 @@ def lbfgs(
 
 
 class _LineSearch:
-    """MINPACK-2 ``dcsrch`` as a state machine: `step` takes f and f' at the step just evaluated
-    and returns (next step, done). On done the step returned is the one just evaluated."""
+    """scipy's MINPACK-2 line search (``scipy.optimize._dcsrch.DCSRCH``, Moré-Thuente ``dcsrch``)
+    driven one evaluation at a time: `step` takes f and f' at the step just evaluated and
+    returns (next step, done). On done the step returned is the one just evaluated; a search
+    that ends with ``WARNING`` (rounding errors, the xtol interval) is accepted, as L-BFGS-B
+    accepts it; an ``ERROR`` returns a NaN step (the caller treats it as a failed search).
+
+    The state machine (`DCSRCH._iterate`) is private scipy API: scipy's own `DCSRCH.__call__`
+    cannot be used because it evaluates f and f' separately and rejects ``WARNING`` steps.
+    """
 
     ftol, gtol, xtol, stpmin, stpmax = 1e-3, 0.9, 0.1, 0.0, _BIG
 
     def __init__(self, f0: float, g0: float, stp: float) -> None:
-        self.stp = stp
-        self.brackt = False
-        self.stage = 1
-        self.finit, self.ginit = f0, g0
-        self.gtest = self.ftol * g0
-        self.width = self.stpmax - self.stpmin
-        self.width1 = self.width / 0.5
-        self.stx, self.fx, self.gx = 0.0, f0, g0
-        self.sty, self.fy, self.gy = 0.0, f0, g0
-        self.stmin = 0.0
-        self.stmax = stp + 4.0 * stp
+        self._search = DCSRCH(None, None, self.ftol, self.gtol, self.xtol, self.stpmin, self.stpmax)
+        self.stp, _, _, self._task = self._search._iterate(stp, f0, g0, b"START")
 
     def step(self, stp: float, f: float, g: float) -> tuple[float, bool]:
-        ftest = self.finit + stp * self.gtest
-        if self.stage == 1 and f <= ftest and g >= 0:
-            self.stage = 2
-        if self.brackt and (stp <= self.stmin or stp >= self.stmax):
-            return stp, True  # rounding errors prevent progress
-        if self.brackt and self.stmax - self.stmin <= self.xtol * self.stmax:
-            return stp, True  # xtol test satisfied
-        if stp == self.stpmax and f <= ftest and g <= self.gtest:
+        nxt, _, _, self._task = self._search._iterate(stp, f, g, self._task)
+        if self._task[:2] == b"FG":
+            return nxt, False
+        if self._task[:4] in (b"CONV", b"WARN"):
             return stp, True
-        if stp == self.stpmin and (f > ftest or g >= self.gtest):
-            return stp, True
-        if f <= ftest and abs(g) <= self.gtol * -self.ginit:
-            return stp, True  # converged
-        if self.stage == 1 and f <= self.fx and f > ftest:
-            gt = self.gtest
-            (self.stx, fxm, gxm, self.sty, fym, gym, stp, self.brackt) = _dcstep(
-                self.stx, self.fx - self.stx * gt, self.gx - gt, self.sty, self.fy - self.sty * gt, self.gy - gt,
-                stp, f - stp * gt, g - gt, self.brackt, self.stmin, self.stmax)
-            self.fx = fxm + self.stx * gt
-            self.fy = fym + self.sty * gt
-            self.gx = gxm + gt
-            self.gy = gym + gt
-        else:
-            (self.stx, self.fx, self.gx, self.sty, self.fy, self.gy, stp, self.brackt) = _dcstep(
-                self.stx, self.fx, self.gx, self.sty, self.fy, self.gy, stp, f, g, self.brackt, self.stmin, self.stmax)
-        if self.brackt:
-            if abs(self.sty - self.stx) >= 0.66 * self.width1:
-                stp = self.stx + 0.5 * (self.sty - self.stx)
-            self.width1 = self.width
-            self.width = abs(self.sty - self.stx)
-            self.stmin = min(self.stx, self.sty)
-            self.stmax = max(self.stx, self.sty)
-        else:
-            self.stmin = stp + 1.1 * (stp - self.stx)
-            self.stmax = stp + 4.0 * (stp - self.stx)
-        stp = min(max(stp, self.stpmin), self.stpmax)
-        if self.brackt and (stp <= self.stmin or stp >= self.stmax or self.stmax - self.stmin <= self.xtol * self.stmax):
-            stp = self.stx
-        return stp, False
-
-
-def _sqrt(v: float) -> float:
-    return math.sqrt(v) if v >= 0 else math.nan  # as numpy's: a NaN step ends the search
-
-
-def _sign(v: float) -> float:
-    return 0.0 if v == 0 or v != v else math.copysign(1.0, v)
-
-
-def _dcstep(stx, fx, dx, sty, fy, dy, stp, fp, dp, brackt, stpmin, stpmax):
-    """MINPACK-2 ``dcstep``: a safeguarded cubic/quadratic step and the updated interval."""
-    sgnd = _sign(dp) * _sign(dx)
-    if fp > fx:
-        theta = 3.0 * (fx - fp) / (stp - stx) + dx + dp
-        s = max(abs(theta), abs(dx), abs(dp))
-        gamma = s * _sqrt((theta / s) ** 2 - dx / s * (dp / s))
-        if stp < stx:
-            gamma = -gamma
-        p = gamma - dx + theta
-        q = gamma - dx + gamma + dp
-        stpc = stx + p / q * (stp - stx)
-        stpq = stx + dx / ((fx - fp) / (stp - stx) + dx) / 2.0 * (stp - stx)
-        stpf = stpc if abs(stpc - stx) <= abs(stpq - stx) else stpc + (stpq - stpc) / 2.0
-        brackt = True
-    elif sgnd < 0.0:
-        theta = 3.0 * (fx - fp) / (stp - stx) + dx + dp
-        s = max(abs(theta), abs(dx), abs(dp))
-        gamma = s * _sqrt((theta / s) ** 2 - dx / s * (dp / s))
-        if stp > stx:
-            gamma = -gamma
-        p = gamma - dp + theta
-        q = gamma - dp + gamma + dx
-        stpc = stp + p / q * (stx - stp)
-        stpq = stp + dp / (dp - dx) * (stx - stp)
-        stpf = stpc if abs(stpc - stp) > abs(stpq - stp) else stpq
-        brackt = True
-    elif abs(dp) < abs(dx):
-        theta = 3.0 * (fx - fp) / (stp - stx) + dx + dp
-        s = max(abs(theta), abs(dx), abs(dp))
-        gamma = s * math.sqrt(max(0.0, (theta / s) ** 2 - dx / s * (dp / s)))
-        if stp > stx:
-            gamma = -gamma
-        p = gamma - dp + theta
-        q = gamma + (dx - dp) + gamma
-        r = p / q if q != 0 else math.nan
-        if r < 0 and gamma != 0:
-            stpc = stp + r * (stx - stp)
-        elif stp > stx:
-            stpc = stpmax
-        else:
-            stpc = stpmin
-        stpq = stp + dp / (dp - dx) * (stx - stp)
-        if brackt:
-            stpf = stpc if abs(stpc - stp) < abs(stpq - stp) else stpq
-            if stp > stx:
-                stpf = min(stp + 0.66 * (sty - stp), stpf)
-            else:
-                stpf = max(stp + 0.66 * (sty - stp), stpf)
-        else:
-            stpf = stpc if abs(stpc - stp) > abs(stpq - stp) else stpq
-            stpf = min(max(stpf, stpmin), stpmax)
-    elif brackt:
-        theta = 3.0 * (fp - fy) / (sty - stp) + dy + dp
-        s = max(abs(theta), abs(dy), abs(dp))
-        gamma = s * _sqrt((theta / s) ** 2 - dy / s * (dp / s))
-        if stp > sty:
-            gamma = -gamma
-        p = gamma - dp + theta
-        q = gamma - dp + gamma + dy
-        stpf = stp + p / q * (sty - stp)
-    elif stp > stx:
-        stpf = stpmax
-    else:
-        stpf = stpmin
-    if fp > fx:
-        sty, fy, dy = stp, fp, dp
-    else:
-        if sgnd < 0:
-            sty, fy, dy = stx, fx, dx
-        stx, fx, dx = stp, fp, dp
-    return stx, fx, dx, sty, fy, dy, stpf, brackt
+        return math.nan, False
