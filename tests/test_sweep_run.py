@@ -183,3 +183,24 @@ def test_results_command_prints_the_bootstrap_leak_effect(tmp_path, capsys):
     assert m, line
     est, lo, hi = map(float, m.groups())
     assert est == pytest.approx(hand, abs=0.051) and lo < est < hi
+
+
+@pytest.mark.slow
+def test_ray_executor_gives_the_tables_of_the_local_one(tiny, tmp_path):
+    # the check: the same sweep on a local Ray instance (2 CPUs, started by the test)
+    # and in process gives identical predictions and results tables
+    pytest.importorskip("ray")
+    from shortcutlab.sweep.ray_executor import RayExecutor
+
+    local_out, _ = tiny
+    out = str(tmp_path / "ray")
+    with RayExecutor(num_cpus=2) as ex:
+        run_sweep(validate(TINY), out, ex, progress=False)
+    for name in ("predictions", "results"):
+        a = pd.read_parquet(os.path.join(local_out, f"{name}.parquet"))
+        b = pd.read_parquet(os.path.join(out, f"{name}.parquet"))
+        sort = [c for c in ("model", "intervention", "id", "diagnostic", "setting", "metric") if c in a.columns]
+        a = a.sort_values(sort).reset_index(drop=True)
+        b = b.sort_values(sort).reset_index(drop=True)
+        pd.testing.assert_frame_equal(a, b)
+    assert len(a) > 0
