@@ -283,23 +283,8 @@ def _pairs_in_runs(sorted_keys: np.ndarray, batch_pairs: int) -> Iterator[tuple[
     ends = np.append(starts[1:], n)
     run_end = np.repeat(ends, ends - starts)
     counts = run_end - 1 - np.arange(n)
-    pos = np.flatnonzero(counts)
-    if len(pos) == 0:
-        return
-    cnt = counts[pos]
-    cum = np.cumsum(cnt)
-    first = cum - cnt
-    total = int(cum[-1])
-    for lo in range(0, total, batch_pairs):
-        hi = min(lo + batch_pairs, total)
-        k0 = int(np.searchsorted(cum, lo, side="right"))
-        k1 = int(np.searchsorted(cum, hi - 1, side="right")) + 1
-        # Clip the first and last positions' pair ranges to this batch.
-        take = np.minimum(cum[k0:k1], hi) - np.maximum(first[k0:k1], lo)
-        owner = np.repeat(np.arange(k0, k1), take)
-        offset = np.arange(lo, hi) - first[owner]
-        p = pos[owner]
-        yield p, p + 1 + offset
+    # position p pairs with the counts[p] positions after it in its run: p + 1, p + 2, ...
+    yield from _ranges(np.arange(1, n + 1), counts, batch_pairs)
 
 
 def _run_lengths(sorted_keys: np.ndarray) -> np.ndarray:
