@@ -306,6 +306,31 @@ def _culprit(message: str, keys) -> str:
     return ""
 
 
+def _param_culprit(message: str, keys) -> str:
+    """The parameter of `keys` an error message is about: one it quotes ('n_folds'), else one
+    it names as a word (gradcam target must be ...); "" when it names none."""
+    import re
+
+    keys = [str(k) for k in keys]
+    for k in keys:
+        if f"'{k}'" in message:
+            return k
+    for k in keys:
+        if len(k) > 1 and re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", message):
+            return k
+    return ""
+
+
+def _built(ck: _Checker, path: str, build, params: Mapping) -> None:
+    """Build a component (`build(**params)`); its error becomes a one-line config error whose
+    path ends in the parameter the error names (``diagnostics.params.parent_probe.n_folds``)."""
+    try:
+        build(**params)
+    except (ShortcutlabError, TypeError, ValueError) as e:
+        bad = _param_culprit(str(e), params)
+        raise ck.error(f"{path}.{bad}" if bad else path, str(e)) from None
+
+
 def _manifest(ck: _Checker, value: Any, base_dir: str) -> Condition:
     import pandas as pd
 
@@ -475,12 +500,9 @@ def _models(ck: _Checker, value: Any, base_dir: str) -> tuple[ModelSpec, ...]:
                 raise ck.error(f"{p}{'.' + bad if bad else ''}", str(err)) from None
             d = {k: v for k, v in _train_dict(cfg).items() if k not in ("seed", "device")}
             if cfg.augment:
-                try:
-                    import interventions
+                import interventions
 
-                    interventions.get(cfg.augment, **cfg.augment_params)
-                except ShortcutlabError as err:
-                    raise ck.error(f"{p}.augment_params", str(err)) from None
+                _built(ck, f"{p}.augment_params", lambda **kw: interventions.get(cfg.augment, **kw), cfg.augment_params)
             out.append(ModelSpec(train=d))
     return tuple(out)
 
@@ -542,10 +564,7 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
         for j, s in enumerate(settings):
             ps = f"interventions.params.{n}" + (f"[{j}]" if len(settings) > 1 else "")
             ck.typed(ps, s, (dict,), "a mapping of the intervention's parameters")
-            try:
-                interventions.get(n, **s)
-            except (ShortcutlabError, TypeError) as e:
-                raise ck.error(ps, str(e)) from None
+            _built(ck, ps, lambda _n=n, **kw: interventions.get(_n, **kw), s)
             out.append((setting_name(n, s), n, dict(s)))
     for k in params:
         if k not in names:
@@ -582,8 +601,8 @@ def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:
         if n not in only:
             raise ck.error(f"diagnostics.params.{n}", f"{n!r} is not among the diagnostics run{_close(n, only)} ({', '.join(only)})")
         ck.typed(f"diagnostics.params.{n}", p, (dict,), "a mapping of the diagnostic's parameters")
-        try:
-            probes.get(n, **p)
-        except (ShortcutlabError, TypeError) as e:
-            raise ck.error(f"diagnostics.params.{n}", str(e)) from None
+    # every diagnostic is built with its parameters now, as the diagnose task will build it:
+    # each checks all its settings in its constructor, so a bad one stops the sweep before any work
+    for n in dict.fromkeys(only):
+        _built(ck, f"diagnostics.params.{n}", lambda _n=n, **kw: probes.get(_n, **kw), params.get(n, {}))
     return tuple(dict.fromkeys(only)), {k: dict(p) for k, p in params.items()}
