@@ -122,9 +122,12 @@ class ModelSpec:
 
     train: dict | None = field(default=None, hash=False)
     checkpoint: str | None = None
+    wrap: dict | None = field(default=None, hash=False)  # {arch, weights, classes, name, weights_sha256}
 
     @property
     def arch(self) -> str:
+        if self.wrap is not None:
+            return self.wrap["arch"]
         return (self.train or {}).get("arch", "test_resnet")
 
 
@@ -152,7 +155,8 @@ class SweepConfig:
             "conditions": [{"name": c.name, "kind": c.kind, "params": c.params} for c in self.conditions],
             "split": {"protocol": self.protocol, "params": list(self.split_params)},
             "seeds": list(self.seeds),
-            "models": [{"train": m.train} if m.train is not None else {"checkpoint": m.checkpoint} for m in self.models],
+            "models": [{"train": m.train} if m.train is not None else {"wrap": m.wrap} if m.wrap is not None else {"checkpoint": m.checkpoint}
+                       for m in self.models],
             "cells": None if self.cells is None else list(self.cells),
             "interventions": [{"setting": s, "name": n, "params": p} for s, n, p in self.interventions],
             "diagnostics": {"only": list(self.diagnostics), "params": self.diagnostic_params},
@@ -215,7 +219,7 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepCo
     seeds = _seeds(ck, raw["seeds"])
     conditions = _data(ck, raw["data"], base_dir)
     protocol, split_params = _split(ck, raw["split"])
-    models = _models(ck, raw["models"], base_dir)
+    models = _models(ck, raw["models"], base_dir, conditions)
     cells = _cells(ck, raw.get("cells"), protocol, split_params)
     has_masks = all(c.kind == "synthetic" or c.params.get("mask") for c in conditions)
     ivs = _interventions(ck, raw.get("interventions"), has_masks)
@@ -442,18 +446,85 @@ def _archs() -> list[str]:
     return timm.list_models()
 
 
-def _models(ck: _Checker, value: Any, base_dir: str) -> tuple[ModelSpec, ...]:
+WRAP_KEYS = ("weights", "arch", "classes", "name")
+
+
+def _data_classes(cond: Condition) -> list[str]:
+    """The class names of a data condition (read from the manifest's label column)."""
+    import pandas as pd
+
+    if cond.kind == "synthetic":
+        from ..synth import SynthConfig
+
+        return list(SynthConfig.from_dict({**cond.params, "seed": 0}).labels)
+    col = cond.params["label"]
+    labels = pd.read_csv(cond.params["path"], usecols=[col], dtype={col: str}, keep_default_na=False)[col]
+    return sorted(set(labels))
+
+
+def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) -> ModelSpec:
+    """A model trained elsewhere: a timm architecture, a local state dict and the class names in
+    the model's logit order. Checked here: the file, the architecture, the classes against
+    every data condition's labels, and that the weights load into the architecture."""
+    from ..adapter import ModelError, create_model
+    from .tasks import file_sha256
+
+    bad = next((k for k in entry if k not in WRAP_KEYS), None)
+    if bad is not None:
+        raise ck.error(f"{p}.{bad}", f"unknown key {bad!r} for a model trained elsewhere (an entry with 'classes' is scored, not "
+                       f"trained){_close(bad, WRAP_KEYS)} Allowed keys: {', '.join(WRAP_KEYS)}")
+    e = ck.keys(p, entry, WRAP_KEYS, ("weights", "arch", "classes"))
+    w = ck.typed(f"{p}.weights", e["weights"], (str,), "a local .safetensors or .pt/.pth state dict file")
+    full = w if os.path.isabs(w) else os.path.normpath(os.path.join(base_dir, w))
+    if not os.path.isfile(full):
+        raise ck.error(f"{p}.weights", f"weights file {w!r} does not exist (looked for {full})")
+    arch = ck.typed(f"{p}.arch", e["arch"], (str,), "a timm model name")
+    if arch not in _archs():
+        raise ck.error(f"{p}.arch", f"unknown architecture {arch!r}{_close(arch, _archs())} (any timm model name: timm.list_models())")
+    classes = ck.typed(f"{p}.classes", e["classes"], (list,), "a list of class names in the model's logit order")
+    for j, c in enumerate(classes):
+        ck.typed(f"{p}.classes[{j}]", c, (str,), "a class name")
+    if len(classes) < 2 or len(set(classes)) != len(classes):
+        dup = [c for c in classes if classes.count(c) > 1]
+        why = f"{dup[0]!r} is listed twice" if dup else f"got {len(classes)}"
+        raise ck.error(f"{p}.classes", f"expected at least two distinct class names in the model's logit order; {why}")
+    for cond in conditions:
+        data = _data_classes(cond)
+        missing = [c for c in data if c not in classes]
+        extra = [c for c in classes if c not in data]
+        if missing or extra:
+            parts = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + ([f"not in the data {', '.join(map(repr, extra))}"] if extra else [])
+            raise ck.error(f"{p}.classes", f"the classes {classes} do not match the labels of data condition {cond.name!r} "
+                           f"({', '.join(data)}): {'; '.join(parts)}")
+    name = e.get("name")
+    if name is not None:
+        ck.typed(f"{p}.name", name, (str,), "a string naming the model in the tables")
+    try:
+        model = create_model(arch, num_classes=len(classes), pretrained=full)
+    except ModelError as err:
+        raise ck.error(f"{p}.weights", str(err)) from None
+    if list(classes) != sorted(classes) and not isinstance(model.get_classifier(), __import__("torch").nn.Linear):
+        raise ck.error(f"{p}.classes", f"the classes {classes} are not in name order and the model's classifier is not a Linear "
+                       "layer whose rows can be reordered; list them in name order")
+    return ModelSpec(wrap={"arch": arch, "weights": full, "classes": list(classes),
+                           "name": name or os.path.splitext(os.path.basename(full))[0], "weights_sha256": file_sha256(full)})
+
+
+def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[ModelSpec, ...]:
     from ..recipe import TrainConfig
 
     entries = value if isinstance(value, list) else [value]
     if not entries:
-        raise ck.error("models", "expected a non-empty list of models (arch: ... or checkpoint: ...)")
+        raise ck.error("models", "expected a non-empty list of models (arch: ..., checkpoint: ... or weights/arch/classes)")
     train_keys = tuple(f.name for f in fields(TrainConfig) if f.name not in ("seed", "device"))
     out: list[ModelSpec] = []
     for i, entry in enumerate(entries):
         p = f"models[{i}]"
         if isinstance(entry, str):
             entry = {"arch": entry}
+        if isinstance(entry, Mapping) and "classes" in entry:
+            out.append(_wrap_spec(ck, p, entry, base_dir, conditions))
+            continue
         if isinstance(entry, Mapping) and "checkpoint" in entry:
             e = ck.keys(p, entry, ("checkpoint",))
             cp = ck.typed(f"{p}.checkpoint", e["checkpoint"], (str,), "a run folder written by `shortcutlab train`")

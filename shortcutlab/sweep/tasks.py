@@ -107,6 +107,9 @@ def build_plan(cfg: SweepConfig) -> Plan:
                 plan.splits.append({"split": split_id, "condition": cond.name, "seed": seed, "protocol": cfg.protocol,
                                     "params": params["params"]})
                 cells = cfg.cells if cfg.cells is not None else ("",)
+                for m in cfg.models:
+                    if m.wrap is not None:  # a model trained elsewhere: scored on this split's test side, not trained
+                        plan.models.append(_wrapped_tasks(cfg, g, m.wrap, cond.name, seed, sp, split_keys, split_id, cells[0], ivs, res))
                 for m in trains:
                     for cell in cells:
                         tcfg = {**m, "seed": seed, "device": cfg.device}
@@ -129,6 +132,27 @@ def build_plan(cfg: SweepConfig) -> Plan:
         inputs = {"checkpoint": m.checkpoint, "weights_sha256": key.pop("weights_sha256")}
         plan.models.append(_model_tasks(cfg, g, key, inputs, [], key["seed"], ivs, res))
     return plan
+
+
+def wrapped_model_id(wrap: dict, split_id: str) -> str:
+    """The `model` of a model trained elsewhere, scored on one split: a hash of its weights,
+    architecture, classes and the split (one scoring unit per split, as a trained model is)."""
+    from .graph import task_id
+
+    return task_id("wrapped", {k: wrap[k] for k in ("arch", "classes", "weights_sha256")}, [split_id])
+
+
+def _wrapped_tasks(cfg, g: TaskGraph, wrap: dict, condition: str, seed: int, sp: dict, split_keys: list, split_id: str, side_cell: str,
+                   ivs: list, res: dict) -> dict:
+    mid = wrapped_model_id(wrap, split_id)
+    key = {"model": mid, "condition": condition, "arch": wrap["arch"], "seed": seed, "protocol": cfg.protocol, "cell": "",
+           "exposure": "", "diversity": "", "recipe": f"weights={wrap['name']}", "split_setting": _setting(sp, split_keys),
+           "split_id": split_id}
+    # multi-cell splits share their test side (the common test set); the train side, which some
+    # diagnostics read, is that of the first cell the sweep lists
+    inputs = {"split": split_id, "wrap": {k: wrap[k] for k in ("arch", "weights", "classes", "weights_sha256")},
+              "side_cell": side_cell or None}
+    return _model_tasks(cfg, g, key, inputs, [split_id], seed, ivs, res)
 
 
 def _model_tasks(cfg, g: TaskGraph, key: dict, inputs: dict, deps: list, seed: int, ivs: list, res: dict) -> dict:
@@ -285,6 +309,14 @@ def _context(task: Task, root: str):
         run = load_run(inputs["checkpoint"])
         crops, split, side = load_run_data(run)
         model_id = _checkpoint_key(inputs["checkpoint"])["model"]
+    elif "wrap" in inputs:
+        res, split_path = _split_files(root, inputs["split"])
+        table = _table(root, res)
+        run = _wrapped_run(inputs["wrap"], list(table.classes))
+        crops = load_crops(table)
+        split = SplitManifest.read(split_path)
+        side = np.asarray(side_codes(table, split.cell(inputs.get("side_cell"))))
+        model_id = wrapped_model_id(inputs["wrap"], inputs["split"])
     else:
         run = load_run(task_dir(root, "train", inputs["train"]))
         res, split_path = _split_files(root, inputs["split"])
@@ -308,6 +340,31 @@ def _context(task: Task, root: str):
     ctx = DiagnosticContext(run.adapter, crops, side, run_id=model_id, split_sha256=split.hash, batch_size=p["batch_size"],
                             seed=p["seed"], targets=targets, preprocess=preprocess)
     return ctx, run, split
+
+
+def _wrapped_run(wrap: dict, classes: list[str]):
+    """A `Run` of a model trained elsewhere, its logits in the data's class order (classes by
+    name): the classifier's rows are reordered when the model's logit order differs."""
+    import torch
+
+    from ..adapter import create_model, wrap as wrap_model
+    from ..errors import ShortcutlabError
+    from ..runs import Run
+
+    if file_sha256(wrap["weights"]) != wrap["weights_sha256"]:
+        raise ShortcutlabError(f"weights file {wrap['weights']!r} changed since the sweep was planned; start the sweep again")
+    if sorted(wrap["classes"]) != sorted(classes):
+        raise ShortcutlabError(f"the model's classes {wrap['classes']} differ from the data's {classes}")
+    model = create_model(wrap["arch"], num_classes=len(classes), pretrained=wrap["weights"])
+    perm = [wrap["classes"].index(c) for c in classes]
+    if perm != list(range(len(classes))):
+        head = model.get_classifier()
+        with torch.no_grad():
+            head.weight.copy_(head.weight[perm])
+            if head.bias is not None:
+                head.bias.copy_(head.bias[perm])
+    record = {"config": {"arch": wrap["arch"]}, "classes": list(classes), "files": {}}
+    return Run(path=os.path.dirname(wrap["weights"]), record=record, adapter=wrap_model(model).eval(), run_id=wrap["arch"])
 
 
 def _run_score(task: Task, root: str, tmp: str, final: str) -> dict:
