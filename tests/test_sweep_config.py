@@ -70,6 +70,10 @@ BAD = [
     ("synthetic-wrong-type", _with("data.synthetic.strength", "strong"), ("data.synthetic.strength", "'strong'")),
     ("synthetic-empty-list", _with("data.synthetic.strength", []), ("data.synthetic.strength", "empty list")),
     ("unknown-protocol", _with("split.protocol", "factorail"), ("split.protocol", "'factorail'", "did you mean 'factorial'")),
+    ("protocol-list-unknown", _with("split", {"protocol": ["crop", "parnet"]}), ("split.protocol[1]", "'parnet'", "did you mean 'parent'")),
+    ("protocol-list-two-multi-cell", _with("split", {"protocol": ["factorial", "ladder"]}), ("split.protocol", "at most one multi-cell", "factorial, ladder")),
+    ("protocol-list-param-of-none", _with("split", {"protocol": ["crop", "parent"], "params": {"test_parent_share": 0.3}}),
+     ("split.params.test_parent_share", "unknown key", "test_fraction, val_fraction, unit")),
     ("protocol-wrong-type", _with("split.protocol", 3), ("split.protocol", "3")),
     ("split-unknown-param", _with("split.params.test_parent_shar", 0.2), ("split.params.test_parent_shar", "'test_parent_share'")),
     ("split-seed-param", _with("split.params.seed", 1), ("split.params.seed", "unknown key")),
@@ -224,3 +228,19 @@ def test_shared_tasks_are_planned_once_and_ids_follow_content():
     other = _with("models", [{"arch": "test_resnet", "epochs": 3}], two_models)
     other_ids = [t.id for t in build_plan(validate(other)).graph.ordered()]
     assert other_ids[:2] == ids[:2] and not set(other_ids[2:]) & set(ids)
+
+
+def test_a_list_of_protocols_gives_each_its_own_parameters():
+    cfg = _with("split", {"protocol": ["crop", "parent"], "params": {"test_fraction": [0.2, 0.3], "unit": "parent"}})
+    cfg = _with("seeds", [0], _with("data.synthetic.mechanisms", ["color"], cfg))
+    c = validate(cfg)
+    # test_fraction is shared; unit is the parent protocol's only
+    assert list(c.split_params) == [{"protocol": "crop", "test_fraction": 0.2}, {"protocol": "crop", "test_fraction": 0.3},
+                                    {"protocol": "parent", "test_fraction": 0.2, "unit": "parent"},
+                                    {"protocol": "parent", "test_fraction": 0.3, "unit": "parent"}]
+    assert c.cells is None
+    plan = build_plan(c)
+    assert plan.graph.counts() == {"synthesise": 1, "split": 4, "train": 4, "score": 4, "diagnose": 4}
+    assert sorted((m["protocol"], m["split_setting"]) for m in plan.models) == [
+        ("crop", "test_fraction=0.2"), ("crop", "test_fraction=0.3"), ("parent", "test_fraction=0.2,unit=parent"),
+        ("parent", "test_fraction=0.3,unit=parent")]

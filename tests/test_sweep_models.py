@@ -97,3 +97,40 @@ def test_wrap_spec_errors_are_named_at_load_time(external, tmp_path):
         assert "\n" not in message and message.startswith("sweep.yaml: "), message
         for n in names:
             assert n in message, f"{message!r} does not name {n!r}"
+
+
+def test_a_sweep_on_a_manifest_written_to_disk_gives_the_runs_predictions_and_the_protocol_effect(tmp_path, capsys):
+    # a benchmark written to disk as crop files + manifest.csv, swept as any user's data would be
+    # under two protocols (one list), then checked against the run folders' own logits.csv
+    from shortcutlab.cli import main
+    from shortcutlab.stats import protocol_effect
+    from shortcutlab.synth import SynthConfig, synthesize, write_synth
+    from shortcutlab.sweep.tasks import task_dir
+
+    data = synthesize(SynthConfig(mechanisms=("color",), fields_per_class=8, crop_size=16, field_size=64, seed=5))
+    manifest = write_synth(data, tmp_path / "bench")["manifest"]
+    cfg = {"data": {"manifest": {"path": os.path.relpath(manifest, tmp_path), "name": "bench"}},
+           "split": {"protocol": ["crop", "parent"], "params": {"test_fraction": 0.25}}, "seeds": [0, 1],
+           "models": [{"arch": "test_resnet", "epochs": 1, "batch_size": 32}], "interventions": "none", "diagnostics": "none"}
+    out = str(tmp_path / "out")
+    summary = run_sweep(validate(cfg, source="sweep.yaml", base_dir=str(tmp_path)), out, progress=False)
+    assert summary["counts"] == {"split": 4, "train": 4, "score": 4}  # 2 protocols x 2 seeds; no synthesise task
+    pred = pd.read_parquet(os.path.join(out, "predictions.parquet"))
+    assert set(pred["condition"]) == {"bench"} and sorted(pred.groupby("protocol")["model"].nunique().items()) == [("crop", 2), ("parent", 2)]
+    acc = {"crop": [], "parent": []}
+    for model, g in pred.groupby("model"):
+        logits = pd.read_csv(os.path.join(task_dir(out, "train", model), "logits.csv"), dtype={"id": str})
+        test = logits[logits["split"] == "test"].set_index("id").sort_index()
+        g = g.set_index("id").sort_index()
+        classes = sorted(logits["label"].unique())
+        assert list(g.index) == list(test.index)
+        assert [classes[k] for k in g["label"]] == list(test["label"])
+        assert [classes[k] for k in g["pred"]] == list(test["pred"])
+        acc[g["protocol"].iat[0]].append((test["label"] == test["pred"]).to_numpy())
+    # the protocol effect: mean correct over every (seed, crop) of P1 minus that of P2, by hand
+    hand = np.concatenate(acc["crop"]).mean() - np.concatenate(acc["parent"]).mean()
+    est = protocol_effect(pred, n_boot=200)
+    assert len(est) == 1 and est["estimate"].iat[0] == pytest.approx(hand, abs=1e-12)
+    assert main(["results", out, "--n-boot", "200"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.split()[:1] == ["protocol"])
+    assert abs(hand) > 0.001 and f"{100 * hand:+.1f}" in line, line

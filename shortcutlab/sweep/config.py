@@ -136,8 +136,8 @@ class SweepConfig:
     """A validated sweep config (see the module docstring). `raw` is the file as read."""
 
     conditions: tuple[Condition, ...]
-    protocol: str
-    split_params: tuple[dict, ...]
+    protocols: tuple[str, ...]
+    split_params: tuple[dict, ...]  # one per split setting, each with its "protocol"
     seeds: tuple[int, ...]
     models: tuple[ModelSpec, ...]
     cells: tuple[str, ...] | None
@@ -149,11 +149,16 @@ class SweepConfig:
     source: str = ""
     raw: dict = field(default_factory=dict, hash=False, compare=False)
 
+    @property
+    def protocol(self) -> str:
+        """The protocols, comma-separated (one name for a single-protocol sweep)."""
+        return ",".join(self.protocols)
+
     def to_dict(self) -> dict:
         """The resolved config, JSON-ready (saved in sweep.json)."""
         return {
             "conditions": [{"name": c.name, "kind": c.kind, "params": c.params} for c in self.conditions],
-            "split": {"protocol": self.protocol, "params": list(self.split_params)},
+            "split": {"protocols": list(self.protocols), "params": list(self.split_params)},
             "seeds": list(self.seeds),
             "models": [{"train": m.train} if m.train is not None else {"wrap": m.wrap} if m.wrap is not None else {"checkpoint": m.checkpoint}
                        for m in self.models],
@@ -218,13 +223,13 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepCo
         raise ck.error("threads", f"expected a positive integer (torch threads per task); got {threads!r}")
     seeds = _seeds(ck, raw["seeds"])
     conditions = _data(ck, raw["data"], base_dir)
-    protocol, split_params = _split(ck, raw["split"])
+    protocols, split_params = _split(ck, raw["split"])
     models = _models(ck, raw["models"], base_dir, conditions)
-    cells = _cells(ck, raw.get("cells"), protocol, split_params)
+    cells = _cells(ck, raw.get("cells"), protocols, split_params)
     has_masks = all(c.kind == "synthetic" or c.params.get("mask") for c in conditions)
     ivs = _interventions(ck, raw.get("interventions"), has_masks)
     diags, dparams = _diagnostics(ck, raw.get("diagnostics"))
-    return SweepConfig(conditions=conditions, protocol=protocol, split_params=split_params, seeds=seeds, models=models,
+    return SweepConfig(conditions=conditions, protocols=protocols, split_params=split_params, seeds=seeds, models=models,
                        cells=cells, interventions=ivs, diagnostics=diags, diagnostic_params=dparams, device=device,
                        threads=threads, source=source, raw=raw)
 
@@ -360,7 +365,7 @@ def _manifest(ck: _Checker, value: Any, base_dir: str) -> Condition:
     return Condition(name, "manifest", spec)
 
 
-def _split(ck: _Checker, value: Any) -> tuple[str, tuple[dict, ...]]:
+def _split(ck: _Checker, value: Any) -> tuple[tuple[str, ...], tuple[dict, ...]]:
     import inspect
 
     from ..splits import _PROTOCOLS, available_protocols
@@ -368,12 +373,23 @@ def _split(ck: _Checker, value: Any) -> tuple[str, tuple[dict, ...]]:
     if isinstance(value, str):
         value = {"protocol": value}
     s = ck.keys("split", value, ("protocol", "params"), ("protocol",))
-    protocol = ck.typed("split.protocol", s["protocol"], (str,), f"a protocol name ({', '.join(available_protocols())})")
-    if protocol not in available_protocols():
-        raise ck.error("split.protocol", f"unknown protocol {protocol!r}{_close(protocol, available_protocols())} Allowed: {', '.join(available_protocols())}")
+    names = s["protocol"]
+    listed = isinstance(names, list)
+    names = names if listed else [names]
+    if not names:
+        raise ck.error("split.protocol", f"expected a protocol name or a list of them; got []. Allowed: {', '.join(available_protocols())}")
+    for i, protocol in enumerate(names):
+        pp = f"split.protocol[{i}]" if listed else "split.protocol"
+        ck.typed(pp, protocol, (str,), f"a protocol name ({', '.join(available_protocols())})")
+        if protocol not in available_protocols():
+            raise ck.error(pp, f"unknown protocol {protocol!r}{_close(protocol, available_protocols())} Allowed: {', '.join(available_protocols())}")
+    protocols = tuple(dict.fromkeys(names))
+    multi = [p for p in protocols if p in ("factorial", "ladder")]
+    if len(multi) > 1:
+        raise ck.error("split.protocol", f"at most one multi-cell protocol per sweep (their cells differ); got {', '.join(multi)}")
     params = s.get("params") or {}
-    accepted = [p for p in inspect.signature(_PROTOCOLS[protocol]).parameters if p not in ("table",)]
-    allowed = [p for p in accepted if p not in ("seed", "hashes")]
+    accepted = {p: [a for a in inspect.signature(_PROTOCOLS[p]).parameters if a not in ("table", "seed", "hashes")] for p in protocols}
+    allowed = list(dict.fromkeys(a for p in protocols for a in accepted[p]))
     params = ck.keys("split.params", params, allowed)
     for k, v in params.items():
         if isinstance(v, list) and not v:
@@ -393,12 +409,21 @@ def _split(ck: _Checker, value: Any) -> tuple[str, tuple[dict, ...]]:
             else:
                 if x is not None:
                     ck.typed(p, x, (int, float), "a number")
-    return protocol, tuple(expand(params))
+    # each protocol takes the parameters it accepts (test_fraction is shared by crop and parent)
+    settings: list[dict] = []
+    for protocol in protocols:
+        for point in expand({k: v for k, v in params.items() if k in accepted[protocol]}):
+            setting = {"protocol": protocol, **point}
+            if setting not in settings:
+                settings.append(setting)
+    return protocols, tuple(settings)
 
 
-def _cells(ck: _Checker, value: Any, protocol: str, split_params) -> tuple[str, ...] | None:
+def _cells(ck: _Checker, value: Any, protocols, split_params) -> tuple[str, ...] | None:
     from ..splits import FACTORIAL_CELLS
 
+    protocol = next((p for p in protocols if p in ("factorial", "ladder")), protocols[0])
+    split_params = [sp for sp in split_params if sp["protocol"] == protocol]
     if protocol == "factorial":
         allowed = FACTORIAL_CELLS
     elif protocol == "ladder":

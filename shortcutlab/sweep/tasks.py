@@ -69,7 +69,7 @@ def _varying(dicts: list[dict]) -> list[str]:
 
 
 def _setting(d: dict, keys: list[str]) -> str:
-    return ",".join(f"{k}={d.get(k)}" for k in keys)
+    return ",".join(f"{k}={d[k]}" for k in keys if k in d)  # a setting the protocol does not take is left out
 
 
 def _factorial_parts(cell: str) -> tuple[str, str]:
@@ -87,7 +87,7 @@ def build_plan(cfg: SweepConfig) -> Plan:
     light = {"cpu": cfg.threads, "gpu": 0}
     trains = [m.train for m in cfg.models if m.train is not None]
     recipe_keys = _varying(trains)
-    split_keys = _varying(list(cfg.split_params))
+    split_keys = [k for k in _varying(list(cfg.split_params)) if k != "protocol"]
     ivs = [[s, n, p] for s, n, p in cfg.interventions]
     seen_models: set[str] = set()
     for cond in cfg.conditions:
@@ -101,15 +101,17 @@ def build_plan(cfg: SweepConfig) -> Plan:
             if cond.kind == "synthetic":
                 sid = g.add("synthesise", {"synth": {**cond.params, "seed": seed}}, resources=light)
                 inputs, deps = {"synthesise": sid}, [sid]
-            for sp in cfg.split_params:
-                params = {"data": data, "protocol": cfg.protocol, "params": {**sp, "seed": seed}, "inputs": inputs}
+            for setting in cfg.split_params:
+                protocol = setting["protocol"]
+                sp = {k: v for k, v in setting.items() if k != "protocol"}
+                params = {"data": data, "protocol": protocol, "params": {**sp, "seed": seed}, "inputs": inputs}
                 split_id = g.add("split", params, deps, resources=light)
-                plan.splits.append({"split": split_id, "condition": cond.name, "seed": seed, "protocol": cfg.protocol,
+                plan.splits.append({"split": split_id, "condition": cond.name, "seed": seed, "protocol": protocol,
                                     "params": params["params"]})
-                cells = cfg.cells if cfg.cells is not None else ("",)
+                cells = cfg.cells if cfg.cells is not None and protocol in ("factorial", "ladder") else ("",)
                 for m in cfg.models:
                     if m.wrap is not None:  # a model trained elsewhere: scored on this split's test side, not trained
-                        plan.models.append(_wrapped_tasks(cfg, g, m.wrap, cond.name, seed, sp, split_keys, split_id, cells[0], ivs, res))
+                        plan.models.append(_wrapped_tasks(g, m.wrap, cond.name, seed, protocol, sp, split_keys, split_id, cells[0], ivs, res, cfg))
                 for m in trains:
                     for cell in cells:
                         tcfg = {**m, "seed": seed, "device": cfg.device}
@@ -117,8 +119,8 @@ def build_plan(cfg: SweepConfig) -> Plan:
                         if tid in seen_models:
                             continue
                         seen_models.add(tid)
-                        exposure, diversity = _factorial_parts(cell) if cfg.protocol == "factorial" else ("", "")
-                        key = {"model": tid, "condition": cond.name, "arch": m["arch"], "seed": seed, "protocol": cfg.protocol,
+                        exposure, diversity = _factorial_parts(cell) if protocol == "factorial" else ("", "")
+                        key = {"model": tid, "condition": cond.name, "arch": m["arch"], "seed": seed, "protocol": protocol,
                                "cell": cell, "exposure": exposure, "diversity": diversity,
                                "recipe": _setting(m, recipe_keys), "split_setting": _setting(sp, split_keys), "split_id": split_id}
                         plan.models.append(_model_tasks(cfg, g, key, {"split": split_id, "train": tid}, [split_id, tid], seed, ivs, res))
@@ -142,10 +144,10 @@ def wrapped_model_id(wrap: dict, split_id: str) -> str:
     return task_id("wrapped", {k: wrap[k] for k in ("arch", "classes", "weights_sha256")}, [split_id])
 
 
-def _wrapped_tasks(cfg, g: TaskGraph, wrap: dict, condition: str, seed: int, sp: dict, split_keys: list, split_id: str, side_cell: str,
-                   ivs: list, res: dict) -> dict:
+def _wrapped_tasks(g: TaskGraph, wrap: dict, condition: str, seed: int, protocol: str, sp: dict, split_keys: list, split_id: str,
+                   side_cell: str, ivs: list, res: dict, cfg) -> dict:
     mid = wrapped_model_id(wrap, split_id)
-    key = {"model": mid, "condition": condition, "arch": wrap["arch"], "seed": seed, "protocol": cfg.protocol, "cell": "",
+    key = {"model": mid, "condition": condition, "arch": wrap["arch"], "seed": seed, "protocol": protocol, "cell": "",
            "exposure": "", "diversity": "", "recipe": f"weights={wrap['name']}", "split_setting": _setting(sp, split_keys),
            "split_id": split_id}
     # multi-cell splits share their test side (the common test set); the train side, which some
