@@ -6,11 +6,12 @@ Schema (every key but `data`, `split`, `seeds` and `models` optional)::
     data:                       # exactly one of synthetic / manifest
       synthetic: {mechanisms: [color, none], strength: 1.0, fields_per_class: 100, crop_size: 32}
       # manifest: {path: crops.csv, id: id, label: label, parent: parent, image: path, mask: mask, name: mydata}
-    split: {protocol: factorial, params: {test_parent_share: 0.3}}
+    split: {protocol: factorial, params: {test_parent_share: 0.3}}   # protocol may be a list: [crop, parent]
     seeds: [0, 1, 2]
     models:
       - {arch: test_resnet, epochs: 30, lr: 0.001, precise_bn: true}
       # - {checkpoint: runs/a}   # a run folder of `shortcutlab train`: scored and diagnosed, not trained
+      # - {weights: ext.pt, arch: resnet18, classes: [a, b, c]}   # trained elsewhere: scored on each split's test side
     cells: [leak-high, clean-high]
     interventions: {names: [greyscale, low_pass], params: {low_pass: {sigma: 2.0}}}
     diagnostics: {only: [parent_probe], params: {parent_probe: {n_folds: 4}}}
