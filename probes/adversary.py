@@ -356,8 +356,18 @@ class LinearAdversaryDiagnostic(CheckDiagnostic):
                  C_adv: float = 1.0, cross_fit: bool = True, test_sets: Mapping[str, Sequence[int]] | None = None, check_on: str = "test",
                  min_removed: float = 0.25, max_cost: float = 0.01, n_folds: int = 4, Cs: float | Sequence[float] = (0.01, 0.1, 1.0),
                  random_state: int | None = None) -> None:
-        self.weights = tuple(weights)
+        weights = (weights,) if isinstance(weights, (int, float, np.integer, np.floating)) and not isinstance(weights, bool) else weights
+        try:
+            self.weights = tuple(weights)
+        except TypeError:
+            raise _bad("linear_adversary", "weights", "a list of adversary weights (finite numbers >= 0)", weights) from None
+        if not self.weights:
+            raise _bad("linear_adversary", "weights", "a non-empty list of adversary weights (finite numbers >= 0)", weights)
         self.adversary_params = dict(steps=steps, batch_size=batch_size, lr=lr, C_adv=C_adv)
+        for w in self.weights:  # every weight and training setting, checked here, before any work
+            LinearAdversary(weight=w, **self.adversary_params)._check_params()
+        if not isinstance(cross_fit, (bool, np.bool_)):
+            raise _bad("linear_adversary", "cross_fit", "True or False", cross_fit)
         self.cross_fit = cross_fit
         self._check_settings(test_sets=test_sets, check_on=check_on, min_removed=min_removed, max_cost=max_cost, n_folds=n_folds,
                              Cs=Cs, random_state=random_state)

@@ -37,6 +37,27 @@ class InterventionAccuracy(Diagnostic):
     needs = frozenset({"split", "head"})
 
     def __init__(self, names: list[str] | None = None, params: dict | None = None, fit_crops: int = 1024) -> None:
+        import interventions
+
+        if names is not None:
+            if isinstance(names, str) or not isinstance(names, (list, tuple)):
+                raise DiagnosticError(f"interventions names must be a list of intervention names or None (all); got {names!r}")
+            for n in names:
+                try:
+                    interventions.get_class(n)  # an unknown name lists the close matches
+                except Exception as e:
+                    raise DiagnosticError(f"interventions names: {e}") from None
+        if params is not None and not isinstance(params, dict):
+            raise DiagnosticError(f"interventions params must be a mapping intervention name -> parameters; got {params!r}")
+        for n, p in (params or {}).items():
+            if not isinstance(p, dict):
+                raise DiagnosticError(f"interventions params[{n!r}] must be a mapping of the intervention's parameters; got {p!r}")
+            try:
+                interventions.get(n, **p)  # built once here, so a bad setting is refused before any work
+            except Exception as e:
+                raise DiagnosticError(f"interventions params: intervention {n!r}: {e}") from None
+        if isinstance(fit_crops, bool) or not isinstance(fit_crops, (int, np.integer)) or fit_crops < 1:
+            raise DiagnosticError(f"interventions fit_crops must be an int >= 1; got {fit_crops!r}")
         self.names = names
         self.params = params or {}
         self.fit_crops = int(fit_crops)

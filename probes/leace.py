@@ -495,7 +495,19 @@ class LeaceDiagnostic(CheckDiagnostic):
     def __init__(self, ranks: Sequence[int | None] = (256,), within_class: bool = True, test_sets: Mapping[str, Sequence[int]] | None = None,
                  check_on: str = "test", min_removed: float = 0.25, max_cost: float = 0.01, n_folds: int = 4,
                  Cs: float | Sequence[float] = (0.01, 0.1, 1.0), random_state: int | None = None, C: float = 1.0) -> None:
-        self.ranks = tuple(ranks)
+        ranks = (ranks,) if ranks is None or isinstance(ranks, (int, np.integer)) else ranks
+        try:
+            self.ranks = tuple(ranks)
+        except TypeError:
+            raise _bad("leace", "ranks", "a list of ranks (integers >= 1, or null for full LEACE)", ranks) from None
+        if not self.ranks:
+            raise _bad("leace", "ranks", "a non-empty list of ranks (integers >= 1, or null for full LEACE)", ranks)
+        for r in self.ranks:
+            if r is not None and (isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1):
+                raise _bad("leace", "ranks", "a list of ranks (integers >= 1, or null for full LEACE)", list(self.ranks))
+        if not isinstance(within_class, (bool, np.bool_)):
+            raise _bad("leace", "within_class", "True or False", within_class)
+        _check_positive("leace", "C", C)
         self.within_class = within_class
         self._check_settings(test_sets=test_sets, check_on=check_on, min_removed=min_removed, max_cost=max_cost, n_folds=n_folds,
                              Cs=Cs, random_state=random_state)

@@ -290,7 +290,11 @@ class ParentProbe:
             raise _bad(owner, "Cs", "a number > 0 or a sequence of them", self.Cs) from None
         if not Cs:
             raise _bad(owner, "Cs", "a number > 0 or a non-empty sequence of them", self.Cs)
-        k = _check_int(owner, "n_folds", self.n_folds, 3 if len(Cs) > 1 else 2)
+        lo = 3 if len(Cs) > 1 else 2
+        if isinstance(self.n_folds, bool) or not isinstance(self.n_folds, (int, np.integer)) or int(self.n_folds) < lo:
+            why = " (with several Cs the nested inner split needs two folds besides the scored one)" if lo == 3 else ""
+            raise _bad(owner, "n_folds", f"an integer >= {lo}{why}", self.n_folds)
+        k = int(self.n_folds)
         _check_positive(owner, "tol", self.tol)
         _check_int(owner, "max_iter", self.max_iter, 1)
         if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)) or self.random_state < 0:
@@ -605,9 +609,14 @@ class ParentProbeDiagnostic(Diagnostic):
 
     def __init__(self, on: str = "all", n_folds: int = 4, Cs: float | Sequence[float] = (0.01, 0.1, 1.0), tol: float = 1e-4,
                  max_iter: int = 100, random_state: int | None = None) -> None:
+        if on not in _SIDES:
+            raise _bad("parent_probe", "on", f"one of {', '.join(map(repr, _SIDES))}", on)
+        if random_state is not None:
+            _check_int("parent_probe", "random_state", random_state, 0)
         self.on = on
         self.probe_params = dict(n_folds=n_folds, Cs=Cs, tol=tol, max_iter=max_iter)
         self.random_state = random_state
+        ParentProbe(**self.probe_params)._params()  # every setting checked here, before any work
 
     def run(self, ctx: DiagnosticContext) -> list[dict]:
         idx = crops_of(ctx, self.on, "parent_probe")

@@ -937,6 +937,8 @@ class GradCamDiagnostic(Diagnostic):
             _check_seed(seed)
         if max_crops is not None and (isinstance(max_crops, bool) or int(max_crops) < 1):
             raise DiagnosticError(f"gradcam max_crops must be a positive int or None; got {max_crops!r}")
+        if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 0:
+            raise DiagnosticError(f"gradcam n_boot must be an int >= 0 (0: no intervals); got {n_boot!r}")
         self.target, self.seed, self.relu, self.upsample, self.path = target, seed, relu, upsample, path
         self.n_boot, self.max_crops = int(n_boot), max_crops
 

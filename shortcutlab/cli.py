@@ -461,6 +461,9 @@ def cmd_sweep(args) -> int:
             print(f"  {'done' if t['done'] else '    '}  {t['kind']:<10} {t['id']}  {t['params']}")
         print("tasks: " + ", ".join(f"{k} {n} ({summary['done_before'][k]} done)" for k, n in summary["counts"].items())
               + f"; {summary['n_tasks']} in all, {summary['n_models']} models")
+        for dev, n in summary["other_devices"].items():
+            print(f"note: {n} model(s) in {args.out} were trained with device {dev!r}; with device {cfg.device!r} they are trained "
+                  "again (the device is part of a train task's id: results can differ across devices)")
         return 0
     _check_output_folder(args.out, "--out")
     if args.executor == "ray":

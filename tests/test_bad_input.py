@@ -964,6 +964,8 @@ SWEEP_CASES = [
     Case("sweep-both-data-kinds", _load_sweep(_SWEEP_YAML.replace("data:\n", "data:\n  manifest: {path: crops.csv}\n")), SweepConfigError,
          ("data", "exactly one", "'synthetic' or 'manifest'", "got manifest, synthetic")),
     Case("sweep-not-yaml", _load_sweep("data: [\n"), SweepConfigError, ("sweep.yaml", "not valid YAML", "line")),
+    Case("sweep-diagnostic-param-checked-at-load", _load_sweep(_SWEEP_YAML + "diagnostics: {only: [parent_probe], params: {parent_probe: {n_folds: 2}}}\n"),
+         SweepConfigError, ("sweep.yaml: diagnostics.params.parent_probe.n_folds:", "integer >= 3", "Got 2")),
     Case("sweep-results-missing-folder", _results_of(lambda t: str(t / "nope")), SweepError, ("nope", "does not exist")),
     Case("sweep-results-unfinished-folder", _results_of(str), SweepError, ("no predictions.parquet", "shortcutlab sweep")),
     Case("sweep-results-corrupt-table", _results_of(_corrupt_sweep_folder), SweepError, ("predictions.parquet", "not a readable Parquet")),

@@ -70,6 +70,10 @@ BAD = [
     ("synthetic-wrong-type", _with("data.synthetic.strength", "strong"), ("data.synthetic.strength", "'strong'")),
     ("synthetic-empty-list", _with("data.synthetic.strength", []), ("data.synthetic.strength", "empty list")),
     ("unknown-protocol", _with("split.protocol", "factorail"), ("split.protocol", "'factorail'", "did you mean 'factorial'")),
+    ("protocol-list-unknown", _with("split", {"protocol": ["crop", "parnet"]}), ("split.protocol[1]", "'parnet'", "did you mean 'parent'")),
+    ("protocol-list-two-multi-cell", _with("split", {"protocol": ["factorial", "ladder"]}), ("split.protocol", "at most one multi-cell", "factorial, ladder")),
+    ("protocol-list-param-of-none", _with("split", {"protocol": ["crop", "parent"], "params": {"test_parent_share": 0.3}}),
+     ("split.params.test_parent_share", "unknown key", "test_fraction, val_fraction, unit")),
     ("protocol-wrong-type", _with("split.protocol", 3), ("split.protocol", "3")),
     ("split-unknown-param", _with("split.params.test_parent_shar", 0.2), ("split.params.test_parent_shar", "'test_parent_share'")),
     ("split-seed-param", _with("split.params.seed", 1), ("split.params.seed", "unknown key")),
@@ -95,12 +99,43 @@ BAD = [
     ("unknown-cell", _with("cells", ["leak-hihg"]), ("cells[0]", "'leak-hihg'", "'leak-high'")),
     ("cells-wrong-type", _with("cells", [1]), ("cells[0]", "a cell name", "1")),
     ("unknown-intervention", _with("interventions.names", ["greyscal"]), ("interventions.names[0]", "'greyscal'", "'greyscale'")),
-    ("intervention-bad-param", _with("interventions.params.low_pass", {"sigm": 2}), ("interventions.params.low_pass", "sigm")),
+    ("intervention-bad-param", _with("interventions.params.low_pass", {"sigm": 2}), ("interventions.params.low_pass.sigm:", "sigma")),
     ("intervention-param-not-named", _with("interventions.params.greyscal", {}), ("interventions.params.greyscal", "'greyscale'")),
     ("interventions-unknown-key", _with("interventions.name", ["greyscale"]), ("interventions.name", "'names'")),
     ("interventions-wrong-type", _with("interventions.names", "greyscale"), ("interventions.names", "a list")),
     ("unknown-diagnostic", _with("diagnostics.only", ["parent_prob"]), ("diagnostics.only[0]", "'parent_prob'", "'parent_probe'")),
-    ("diagnostic-bad-param", _with("diagnostics.params.parent_probe", {"folds": 3}), ("diagnostics.params.parent_probe", "folds")),
+    ("diagnostic-bad-param", _with("diagnostics.params.parent_probe", {"folds": 3}), ("diagnostics.params.parent_probe.folds:", "no parameter 'folds'", "n_folds")),
+    # every diagnostic is built with its parameters at load time: settings checked only when a
+    # diagnostic ran (fit) are errors here, with the parameter in the key path
+    ("diagnostic-parent-probe-folds", _with("diagnostics.params.parent_probe", {"n_folds": 2}),
+     ("diagnostics.params.parent_probe.n_folds:", "integer >= 3", "Got 2")),
+    ("diagnostic-parent-probe-folds-one-C", _with("diagnostics.params.parent_probe", {"n_folds": 1, "Cs": 1.0}),
+     ("diagnostics.params.parent_probe.n_folds:", "integer >= 2", "Got 1")),
+    ("diagnostic-parent-probe-side", _with("diagnostics.params.parent_probe", {"on": "tset"}),
+     ("diagnostics.params.parent_probe.on:", "'tset'", "'test'")),
+    ("diagnostic-parent-probe-Cs", _with("diagnostics.params.parent_probe", {"Cs": [0.1, -1]}),
+     ("diagnostics.params.parent_probe.Cs:", "> 0", "-1")),
+    ("diagnostic-leace-rank", _with("diagnostics", {"only": ["leace"], "params": {"leace": {"ranks": [8, 0]}}}),
+     ("diagnostics.params.leace.ranks:", "integers >= 1", "[8, 0]")),
+    ("diagnostic-leace-unknown-param", _with("diagnostics", {"only": ["leace"], "params": {"leace": {"rank": 8}}}),
+     ("diagnostics.params.leace.rank:", "no parameter 'rank'", "ranks")),
+    ("diagnostic-leace-check-on", _with("diagnostics", {"only": ["leace"], "params": {"leace": {"check_on": "p1"}}}),
+     ("diagnostics.params.leace.check_on:", "'p1'", "'test'")),
+    ("diagnostic-gradcam-target", _with("diagnostics", {"only": ["gradcam"], "params": {"gradcam": {"target": "truth"}}}),
+     ("diagnostics.params.gradcam.target:", "'truth'", "'predicted' or 'label'")),
+    ("diagnostic-adversary-steps", _with("diagnostics", {"only": ["linear_adversary"], "params": {"linear_adversary": {"steps": 0}}}),
+     ("diagnostics.params.linear_adversary.steps:", "integer >= 1", "Got 0")),
+    ("diagnostic-identifiability-fill", _with("diagnostics", {"only": ["group_identifiability"], "params": {"group_identifiability": {"fill": "zero"}}}),
+     ("diagnostics.params.group_identifiability.fill:", "'zero'", "'mean'")),
+    ("diagnostic-interventions-param", _with("diagnostics", {"only": ["interventions"], "params": {"interventions": {"names": ["low_pass"], "params": {"low_pass": {"sigma": -1}}}}}),
+     ("diagnostics.params.interventions.params:", "low_pass", "sigma", "-1")),
+    ("diagnostic-interventions-name", _with("diagnostics", {"only": ["interventions"], "params": {"interventions": {"names": ["greyscal"]}}}),
+     ("diagnostics.params.interventions.names:", "'greyscal'", "'greyscale'")),
+    ("intervention-param-value", _with("interventions.params.low_pass", {"sigma": -1}), ("interventions.params.low_pass.sigma:", "positive", "-1")),
+    ("intervention-param-value-in-a-list", _with("interventions.params.low_pass", [{"sigma": 1.0}, {"sigma": 0}]),
+     ("interventions.params.low_pass[1].sigma:", "positive", "0")),
+    ("model-augment-param-value", _with("models.0", {"arch": "test_resnet", "augment": "low_pass", "augment_params": {"sigma": 0}}),
+     ("models[0].augment_params.sigma:", "positive", "0")),
     ("diagnostics-unknown-key", _with("diagnostics.onli", ["leace"]), ("diagnostics.onli", "'only'")),
     ("diagnostic-param-not-run", _with("diagnostics.params.leace", {}), ("diagnostics.params.leace", "not among")),
     ("device-wrong-type", _with("device", 0), ("device", "a device name", "0")),
@@ -193,3 +228,19 @@ def test_shared_tasks_are_planned_once_and_ids_follow_content():
     other = _with("models", [{"arch": "test_resnet", "epochs": 3}], two_models)
     other_ids = [t.id for t in build_plan(validate(other)).graph.ordered()]
     assert other_ids[:2] == ids[:2] and not set(other_ids[2:]) & set(ids)
+
+
+def test_a_list_of_protocols_gives_each_its_own_parameters():
+    cfg = _with("split", {"protocol": ["crop", "parent"], "params": {"test_fraction": [0.2, 0.3], "unit": "parent"}})
+    cfg = _with("seeds", [0], _with("data.synthetic.mechanisms", ["color"], cfg))
+    c = validate(cfg)
+    # test_fraction is shared; unit is the parent protocol's only
+    assert list(c.split_params) == [{"protocol": "crop", "test_fraction": 0.2}, {"protocol": "crop", "test_fraction": 0.3},
+                                    {"protocol": "parent", "test_fraction": 0.2, "unit": "parent"},
+                                    {"protocol": "parent", "test_fraction": 0.3, "unit": "parent"}]
+    assert c.cells is None
+    plan = build_plan(c)
+    assert plan.graph.counts() == {"synthesise": 1, "split": 4, "train": 4, "score": 4, "diagnose": 4}
+    assert sorted((m["protocol"], m["split_setting"]) for m in plan.models) == [
+        ("crop", "test_fraction=0.2"), ("crop", "test_fraction=0.3"), ("parent", "test_fraction=0.2,unit=parent"),
+        ("parent", "test_fraction=0.3,unit=parent")]

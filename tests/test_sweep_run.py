@@ -204,3 +204,20 @@ def test_ray_executor_gives_the_tables_of_the_local_one(tiny, tmp_path):
         b = b.sort_values(sort).reset_index(drop=True)
         pd.testing.assert_frame_equal(a, b)
     assert len(a) > 0
+
+
+def test_dry_run_shows_the_device_of_each_train_task_and_models_trained_on_another(tiny, tmp_path, capsys):
+    # the device is part of a train task's id: a run with another device retrains; --dry-run says so
+    from shortcutlab.cli import main
+    from shortcutlab.sweep.runner import trained_on_other_devices
+
+    out, _ = tiny
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    assert main(["sweep", str(path), "--out", out, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    trains = [l for l in lines if l.split()[1:2] == ["train"]]
+    assert len(trains) == 2 and all(l.split()[0] == "done" and l.endswith("device=cpu") for l in trains)
+    assert not any(l.startswith("note:") for l in lines)  # same device: nothing to retrain
+    assert trained_on_other_devices(out, "cpu") == {}
+    assert trained_on_other_devices(out, "cuda:0") == {"cpu": 2}

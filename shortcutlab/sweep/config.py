@@ -6,11 +6,12 @@ Schema (every key but `data`, `split`, `seeds` and `models` optional)::
     data:                       # exactly one of synthetic / manifest
       synthetic: {mechanisms: [color, none], strength: 1.0, fields_per_class: 100, crop_size: 32}
       # manifest: {path: crops.csv, id: id, label: label, parent: parent, image: path, mask: mask, name: mydata}
-    split: {protocol: factorial, params: {test_parent_share: 0.3}}
+    split: {protocol: factorial, params: {test_parent_share: 0.3}}   # protocol may be a list: [crop, parent]
     seeds: [0, 1, 2]
     models:
       - {arch: test_resnet, epochs: 30, lr: 0.001, precise_bn: true}
       # - {checkpoint: runs/a}   # a run folder of `shortcutlab train`: scored and diagnosed, not trained
+      # - {weights: ext.pt, arch: resnet18, classes: [a, b, c]}   # trained elsewhere: scored on each split's test side
     cells: [leak-high, clean-high]
     interventions: {names: [greyscale, low_pass], params: {low_pass: {sigma: 2.0}}}
     diagnostics: {only: [parent_probe], params: {parent_probe: {n_folds: 4}}}
@@ -122,9 +123,12 @@ class ModelSpec:
 
     train: dict | None = field(default=None, hash=False)
     checkpoint: str | None = None
+    wrap: dict | None = field(default=None, hash=False)  # {arch, weights, classes, name, weights_sha256}
 
     @property
     def arch(self) -> str:
+        if self.wrap is not None:
+            return self.wrap["arch"]
         return (self.train or {}).get("arch", "test_resnet")
 
 
@@ -133,8 +137,8 @@ class SweepConfig:
     """A validated sweep config (see the module docstring). `raw` is the file as read."""
 
     conditions: tuple[Condition, ...]
-    protocol: str
-    split_params: tuple[dict, ...]
+    protocols: tuple[str, ...]
+    split_params: tuple[dict, ...]  # one per split setting, each with its "protocol"
     seeds: tuple[int, ...]
     models: tuple[ModelSpec, ...]
     cells: tuple[str, ...] | None
@@ -146,13 +150,19 @@ class SweepConfig:
     source: str = ""
     raw: dict = field(default_factory=dict, hash=False, compare=False)
 
+    @property
+    def protocol(self) -> str:
+        """The protocols, comma-separated (one name for a single-protocol sweep)."""
+        return ",".join(self.protocols)
+
     def to_dict(self) -> dict:
         """The resolved config, JSON-ready (saved in sweep.json)."""
         return {
             "conditions": [{"name": c.name, "kind": c.kind, "params": c.params} for c in self.conditions],
-            "split": {"protocol": self.protocol, "params": list(self.split_params)},
+            "split": {"protocols": list(self.protocols), "params": list(self.split_params)},
             "seeds": list(self.seeds),
-            "models": [{"train": m.train} if m.train is not None else {"checkpoint": m.checkpoint} for m in self.models],
+            "models": [{"train": m.train} if m.train is not None else {"wrap": m.wrap} if m.wrap is not None else {"checkpoint": m.checkpoint}
+                       for m in self.models],
             "cells": None if self.cells is None else list(self.cells),
             "interventions": [{"setting": s, "name": n, "params": p} for s, n, p in self.interventions],
             "diagnostics": {"only": list(self.diagnostics), "params": self.diagnostic_params},
@@ -214,13 +224,13 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepCo
         raise ck.error("threads", f"expected a positive integer (torch threads per task); got {threads!r}")
     seeds = _seeds(ck, raw["seeds"])
     conditions = _data(ck, raw["data"], base_dir)
-    protocol, split_params = _split(ck, raw["split"])
-    models = _models(ck, raw["models"], base_dir)
-    cells = _cells(ck, raw.get("cells"), protocol, split_params)
+    protocols, split_params = _split(ck, raw["split"])
+    models = _models(ck, raw["models"], base_dir, conditions)
+    cells = _cells(ck, raw.get("cells"), protocols, split_params)
     has_masks = all(c.kind == "synthetic" or c.params.get("mask") for c in conditions)
     ivs = _interventions(ck, raw.get("interventions"), has_masks)
     diags, dparams = _diagnostics(ck, raw.get("diagnostics"))
-    return SweepConfig(conditions=conditions, protocol=protocol, split_params=split_params, seeds=seeds, models=models,
+    return SweepConfig(conditions=conditions, protocols=protocols, split_params=split_params, seeds=seeds, models=models,
                        cells=cells, interventions=ivs, diagnostics=diags, diagnostic_params=dparams, device=device,
                        threads=threads, source=source, raw=raw)
 
@@ -306,6 +316,31 @@ def _culprit(message: str, keys) -> str:
     return ""
 
 
+def _param_culprit(message: str, keys) -> str:
+    """The parameter of `keys` an error message is about: one it quotes ('n_folds'), else one
+    it names as a word (gradcam target must be ...); "" when it names none."""
+    import re
+
+    keys = [str(k) for k in keys]
+    for k in keys:
+        if f"'{k}'" in message:
+            return k
+    for k in keys:
+        if len(k) > 1 and re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", message):
+            return k
+    return ""
+
+
+def _built(ck: _Checker, path: str, build, params: Mapping) -> None:
+    """Build a component (`build(**params)`); its error becomes a one-line config error whose
+    path ends in the parameter the error names (``diagnostics.params.parent_probe.n_folds``)."""
+    try:
+        build(**params)
+    except (ShortcutlabError, TypeError, ValueError) as e:
+        bad = _param_culprit(str(e), params)
+        raise ck.error(f"{path}.{bad}" if bad else path, str(e)) from None
+
+
 def _manifest(ck: _Checker, value: Any, base_dir: str) -> Condition:
     import pandas as pd
 
@@ -331,7 +366,7 @@ def _manifest(ck: _Checker, value: Any, base_dir: str) -> Condition:
     return Condition(name, "manifest", spec)
 
 
-def _split(ck: _Checker, value: Any) -> tuple[str, tuple[dict, ...]]:
+def _split(ck: _Checker, value: Any) -> tuple[tuple[str, ...], tuple[dict, ...]]:
     import inspect
 
     from ..splits import _PROTOCOLS, available_protocols
@@ -339,12 +374,23 @@ def _split(ck: _Checker, value: Any) -> tuple[str, tuple[dict, ...]]:
     if isinstance(value, str):
         value = {"protocol": value}
     s = ck.keys("split", value, ("protocol", "params"), ("protocol",))
-    protocol = ck.typed("split.protocol", s["protocol"], (str,), f"a protocol name ({', '.join(available_protocols())})")
-    if protocol not in available_protocols():
-        raise ck.error("split.protocol", f"unknown protocol {protocol!r}{_close(protocol, available_protocols())} Allowed: {', '.join(available_protocols())}")
+    names = s["protocol"]
+    listed = isinstance(names, list)
+    names = names if listed else [names]
+    if not names:
+        raise ck.error("split.protocol", f"expected a protocol name or a list of them; got []. Allowed: {', '.join(available_protocols())}")
+    for i, protocol in enumerate(names):
+        pp = f"split.protocol[{i}]" if listed else "split.protocol"
+        ck.typed(pp, protocol, (str,), f"a protocol name ({', '.join(available_protocols())})")
+        if protocol not in available_protocols():
+            raise ck.error(pp, f"unknown protocol {protocol!r}{_close(protocol, available_protocols())} Allowed: {', '.join(available_protocols())}")
+    protocols = tuple(dict.fromkeys(names))
+    multi = [p for p in protocols if p in ("factorial", "ladder")]
+    if len(multi) > 1:
+        raise ck.error("split.protocol", f"at most one multi-cell protocol per sweep (their cells differ); got {', '.join(multi)}")
     params = s.get("params") or {}
-    accepted = [p for p in inspect.signature(_PROTOCOLS[protocol]).parameters if p not in ("table",)]
-    allowed = [p for p in accepted if p not in ("seed", "hashes")]
+    accepted = {p: [a for a in inspect.signature(_PROTOCOLS[p]).parameters if a not in ("table", "seed", "hashes")] for p in protocols}
+    allowed = list(dict.fromkeys(a for p in protocols for a in accepted[p]))
     params = ck.keys("split.params", params, allowed)
     for k, v in params.items():
         if isinstance(v, list) and not v:
@@ -364,12 +410,21 @@ def _split(ck: _Checker, value: Any) -> tuple[str, tuple[dict, ...]]:
             else:
                 if x is not None:
                     ck.typed(p, x, (int, float), "a number")
-    return protocol, tuple(expand(params))
+    # each protocol takes the parameters it accepts (test_fraction is shared by crop and parent)
+    settings: list[dict] = []
+    for protocol in protocols:
+        for point in expand({k: v for k, v in params.items() if k in accepted[protocol]}):
+            setting = {"protocol": protocol, **point}
+            if setting not in settings:
+                settings.append(setting)
+    return protocols, tuple(settings)
 
 
-def _cells(ck: _Checker, value: Any, protocol: str, split_params) -> tuple[str, ...] | None:
+def _cells(ck: _Checker, value: Any, protocols, split_params) -> tuple[str, ...] | None:
     from ..splits import FACTORIAL_CELLS
 
+    protocol = next((p for p in protocols if p in ("factorial", "ladder")), protocols[0])
+    split_params = [sp for sp in split_params if sp["protocol"] == protocol]
     if protocol == "factorial":
         allowed = FACTORIAL_CELLS
     elif protocol == "ladder":
@@ -417,18 +472,85 @@ def _archs() -> list[str]:
     return timm.list_models()
 
 
-def _models(ck: _Checker, value: Any, base_dir: str) -> tuple[ModelSpec, ...]:
+WRAP_KEYS = ("weights", "arch", "classes", "name")
+
+
+def _data_classes(cond: Condition) -> list[str]:
+    """The class names of a data condition (read from the manifest's label column)."""
+    import pandas as pd
+
+    if cond.kind == "synthetic":
+        from ..synth import SynthConfig
+
+        return list(SynthConfig.from_dict({**cond.params, "seed": 0}).labels)
+    col = cond.params["label"]
+    labels = pd.read_csv(cond.params["path"], usecols=[col], dtype={col: str}, keep_default_na=False)[col]
+    return sorted(set(labels))
+
+
+def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) -> ModelSpec:
+    """A model trained elsewhere: a timm architecture, a local state dict and the class names in
+    the model's logit order. Checked here: the file, the architecture, the classes against
+    every data condition's labels, and that the weights load into the architecture."""
+    from ..adapter import ModelError, create_model
+    from .tasks import file_sha256
+
+    bad = next((k for k in entry if k not in WRAP_KEYS), None)
+    if bad is not None:
+        raise ck.error(f"{p}.{bad}", f"unknown key {bad!r} for a model trained elsewhere (an entry with 'classes' is scored, not "
+                       f"trained){_close(bad, WRAP_KEYS)} Allowed keys: {', '.join(WRAP_KEYS)}")
+    e = ck.keys(p, entry, WRAP_KEYS, ("weights", "arch", "classes"))
+    w = ck.typed(f"{p}.weights", e["weights"], (str,), "a local .safetensors or .pt/.pth state dict file")
+    full = w if os.path.isabs(w) else os.path.normpath(os.path.join(base_dir, w))
+    if not os.path.isfile(full):
+        raise ck.error(f"{p}.weights", f"weights file {w!r} does not exist (looked for {full})")
+    arch = ck.typed(f"{p}.arch", e["arch"], (str,), "a timm model name")
+    if arch not in _archs():
+        raise ck.error(f"{p}.arch", f"unknown architecture {arch!r}{_close(arch, _archs())} (any timm model name: timm.list_models())")
+    classes = ck.typed(f"{p}.classes", e["classes"], (list,), "a list of class names in the model's logit order")
+    for j, c in enumerate(classes):
+        ck.typed(f"{p}.classes[{j}]", c, (str,), "a class name")
+    if len(classes) < 2 or len(set(classes)) != len(classes):
+        dup = [c for c in classes if classes.count(c) > 1]
+        why = f"{dup[0]!r} is listed twice" if dup else f"got {len(classes)}"
+        raise ck.error(f"{p}.classes", f"expected at least two distinct class names in the model's logit order; {why}")
+    for cond in conditions:
+        data = _data_classes(cond)
+        missing = [c for c in data if c not in classes]
+        extra = [c for c in classes if c not in data]
+        if missing or extra:
+            parts = ([f"missing {', '.join(map(repr, missing))}"] if missing else []) + ([f"not in the data {', '.join(map(repr, extra))}"] if extra else [])
+            raise ck.error(f"{p}.classes", f"the classes {classes} do not match the labels of data condition {cond.name!r} "
+                           f"({', '.join(data)}): {'; '.join(parts)}")
+    name = e.get("name")
+    if name is not None:
+        ck.typed(f"{p}.name", name, (str,), "a string naming the model in the tables")
+    try:
+        model = create_model(arch, num_classes=len(classes), pretrained=full)
+    except ModelError as err:
+        raise ck.error(f"{p}.weights", str(err)) from None
+    if list(classes) != sorted(classes) and not isinstance(model.get_classifier(), __import__("torch").nn.Linear):
+        raise ck.error(f"{p}.classes", f"the classes {classes} are not in name order and the model's classifier is not a Linear "
+                       "layer whose rows can be reordered; list them in name order")
+    return ModelSpec(wrap={"arch": arch, "weights": full, "classes": list(classes),
+                           "name": name or os.path.splitext(os.path.basename(full))[0], "weights_sha256": file_sha256(full)})
+
+
+def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[ModelSpec, ...]:
     from ..recipe import TrainConfig
 
     entries = value if isinstance(value, list) else [value]
     if not entries:
-        raise ck.error("models", "expected a non-empty list of models (arch: ... or checkpoint: ...)")
+        raise ck.error("models", "expected a non-empty list of models (arch: ..., checkpoint: ... or weights/arch/classes)")
     train_keys = tuple(f.name for f in fields(TrainConfig) if f.name not in ("seed", "device"))
     out: list[ModelSpec] = []
     for i, entry in enumerate(entries):
         p = f"models[{i}]"
         if isinstance(entry, str):
             entry = {"arch": entry}
+        if isinstance(entry, Mapping) and "classes" in entry:
+            out.append(_wrap_spec(ck, p, entry, base_dir, conditions))
+            continue
         if isinstance(entry, Mapping) and "checkpoint" in entry:
             e = ck.keys(p, entry, ("checkpoint",))
             cp = ck.typed(f"{p}.checkpoint", e["checkpoint"], (str,), "a run folder written by `shortcutlab train`")
@@ -475,12 +597,9 @@ def _models(ck: _Checker, value: Any, base_dir: str) -> tuple[ModelSpec, ...]:
                 raise ck.error(f"{p}{'.' + bad if bad else ''}", str(err)) from None
             d = {k: v for k, v in _train_dict(cfg).items() if k not in ("seed", "device")}
             if cfg.augment:
-                try:
-                    import interventions
+                import interventions
 
-                    interventions.get(cfg.augment, **cfg.augment_params)
-                except ShortcutlabError as err:
-                    raise ck.error(f"{p}.augment_params", str(err)) from None
+                _built(ck, f"{p}.augment_params", lambda **kw: interventions.get(cfg.augment, **kw), cfg.augment_params)
             out.append(ModelSpec(train=d))
     return tuple(out)
 
@@ -542,10 +661,7 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
         for j, s in enumerate(settings):
             ps = f"interventions.params.{n}" + (f"[{j}]" if len(settings) > 1 else "")
             ck.typed(ps, s, (dict,), "a mapping of the intervention's parameters")
-            try:
-                interventions.get(n, **s)
-            except (ShortcutlabError, TypeError) as e:
-                raise ck.error(ps, str(e)) from None
+            _built(ck, ps, lambda _n=n, **kw: interventions.get(_n, **kw), s)
             out.append((setting_name(n, s), n, dict(s)))
     for k in params:
         if k not in names:
@@ -582,8 +698,8 @@ def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:
         if n not in only:
             raise ck.error(f"diagnostics.params.{n}", f"{n!r} is not among the diagnostics run{_close(n, only)} ({', '.join(only)})")
         ck.typed(f"diagnostics.params.{n}", p, (dict,), "a mapping of the diagnostic's parameters")
-        try:
-            probes.get(n, **p)
-        except (ShortcutlabError, TypeError) as e:
-            raise ck.error(f"diagnostics.params.{n}", str(e)) from None
+    # every diagnostic is built with its parameters now, as the diagnose task will build it:
+    # each checks all its settings in its constructor, so a bad one stops the sweep before any work
+    for n in dict.fromkeys(only):
+        _built(ck, f"diagnostics.params.{n}", lambda _n=n, **kw: probes.get(_n, **kw), params.get(n, {}))
     return tuple(dict.fromkeys(only)), {k: dict(p) for k, p in params.items()}

@@ -101,13 +101,35 @@ def describe(plan: Plan, out_dir: str | None = None) -> list[dict]:
             key = f"{p['protocol']} " + " ".join(f"{k}={v}" for k, v in sorted(p["params"].items()))
         elif t.kind == "train":
             tr = p["train"]
-            key = f"{tr['arch']} cell={p['cell'] or '-'} seed={tr['seed']} epochs={tr['epochs']} lr={tr['lr']}"
+            key = f"{tr['arch']} cell={p['cell'] or '-'} seed={tr['seed']} epochs={tr['epochs']} lr={tr['lr']} device={tr['device']}"
         elif t.kind == "score":
             key = f"interventions={len(p['interventions'])} seed={p['seed']}"
         else:
             key = f"{','.join(p['only'])} seed={p['seed']}"
         rows.append({"kind": t.kind, "id": t.id, "done": bool(out_dir) and is_done(out_dir, t), "params": key})
     return rows
+
+
+def trained_on_other_devices(out_dir: str, device: str) -> dict[str, int]:
+    """Finished train tasks in a sweep folder whose device differs from `device`, counted per
+    device. The device is part of a train task's id (results can differ across devices), so
+    a sweep run again with another device trains these models anew."""
+    import json
+
+    folder = os.path.join(out_dir, "tasks", "train")
+    out: dict[str, int] = {}
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name, "result.json")
+        if name.startswith(".") or not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)["params"]["train"]["device"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if d != device:
+            out[d] = out.get(d, 0) + 1
+    return out
 
 
 def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None = None, *, progress: bool = True,
@@ -142,6 +164,7 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
     summary: dict[str, Any] = {"counts": counts, "done_before": done_counts, "n_tasks": len(tasks), "n_models": len(plan.models)}
     if dry_run:
         summary["tasks"] = describe(plan, out_dir if os.path.isdir(out_dir) else None)
+        summary["other_devices"] = trained_on_other_devices(out_dir, cfg.device)
         return summary
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise SweepError(f"sweep folder {out_dir!r} is a file; choose a folder")

@@ -69,7 +69,7 @@ def _varying(dicts: list[dict]) -> list[str]:
 
 
 def _setting(d: dict, keys: list[str]) -> str:
-    return ",".join(f"{k}={d.get(k)}" for k in keys)
+    return ",".join(f"{k}={d[k]}" for k in keys if k in d)  # a setting the protocol does not take is left out
 
 
 def _factorial_parts(cell: str) -> tuple[str, str]:
@@ -87,7 +87,7 @@ def build_plan(cfg: SweepConfig) -> Plan:
     light = {"cpu": cfg.threads, "gpu": 0}
     trains = [m.train for m in cfg.models if m.train is not None]
     recipe_keys = _varying(trains)
-    split_keys = _varying(list(cfg.split_params))
+    split_keys = [k for k in _varying(list(cfg.split_params)) if k != "protocol"]
     ivs = [[s, n, p] for s, n, p in cfg.interventions]
     seen_models: set[str] = set()
     for cond in cfg.conditions:
@@ -101,12 +101,17 @@ def build_plan(cfg: SweepConfig) -> Plan:
             if cond.kind == "synthetic":
                 sid = g.add("synthesise", {"synth": {**cond.params, "seed": seed}}, resources=light)
                 inputs, deps = {"synthesise": sid}, [sid]
-            for sp in cfg.split_params:
-                params = {"data": data, "protocol": cfg.protocol, "params": {**sp, "seed": seed}, "inputs": inputs}
+            for setting in cfg.split_params:
+                protocol = setting["protocol"]
+                sp = {k: v for k, v in setting.items() if k != "protocol"}
+                params = {"data": data, "protocol": protocol, "params": {**sp, "seed": seed}, "inputs": inputs}
                 split_id = g.add("split", params, deps, resources=light)
-                plan.splits.append({"split": split_id, "condition": cond.name, "seed": seed, "protocol": cfg.protocol,
+                plan.splits.append({"split": split_id, "condition": cond.name, "seed": seed, "protocol": protocol,
                                     "params": params["params"]})
-                cells = cfg.cells if cfg.cells is not None else ("",)
+                cells = cfg.cells if cfg.cells is not None and protocol in ("factorial", "ladder") else ("",)
+                for m in cfg.models:
+                    if m.wrap is not None:  # a model trained elsewhere: scored on this split's test side, not trained
+                        plan.models.append(_wrapped_tasks(g, m.wrap, cond.name, seed, protocol, sp, split_keys, split_id, cells[0], ivs, res, cfg))
                 for m in trains:
                     for cell in cells:
                         tcfg = {**m, "seed": seed, "device": cfg.device}
@@ -114,8 +119,8 @@ def build_plan(cfg: SweepConfig) -> Plan:
                         if tid in seen_models:
                             continue
                         seen_models.add(tid)
-                        exposure, diversity = _factorial_parts(cell) if cfg.protocol == "factorial" else ("", "")
-                        key = {"model": tid, "condition": cond.name, "arch": m["arch"], "seed": seed, "protocol": cfg.protocol,
+                        exposure, diversity = _factorial_parts(cell) if protocol == "factorial" else ("", "")
+                        key = {"model": tid, "condition": cond.name, "arch": m["arch"], "seed": seed, "protocol": protocol,
                                "cell": cell, "exposure": exposure, "diversity": diversity,
                                "recipe": _setting(m, recipe_keys), "split_setting": _setting(sp, split_keys), "split_id": split_id}
                         plan.models.append(_model_tasks(cfg, g, key, {"split": split_id, "train": tid}, [split_id, tid], seed, ivs, res))
@@ -129,6 +134,27 @@ def build_plan(cfg: SweepConfig) -> Plan:
         inputs = {"checkpoint": m.checkpoint, "weights_sha256": key.pop("weights_sha256")}
         plan.models.append(_model_tasks(cfg, g, key, inputs, [], key["seed"], ivs, res))
     return plan
+
+
+def wrapped_model_id(wrap: dict, split_id: str) -> str:
+    """The `model` of a model trained elsewhere, scored on one split: a hash of its weights,
+    architecture, classes and the split (one scoring unit per split, as a trained model is)."""
+    from .graph import task_id
+
+    return task_id("wrapped", {k: wrap[k] for k in ("arch", "classes", "weights_sha256")}, [split_id])
+
+
+def _wrapped_tasks(g: TaskGraph, wrap: dict, condition: str, seed: int, protocol: str, sp: dict, split_keys: list, split_id: str,
+                   side_cell: str, ivs: list, res: dict, cfg) -> dict:
+    mid = wrapped_model_id(wrap, split_id)
+    key = {"model": mid, "condition": condition, "arch": wrap["arch"], "seed": seed, "protocol": protocol, "cell": "",
+           "exposure": "", "diversity": "", "recipe": f"weights={wrap['name']}", "split_setting": _setting(sp, split_keys),
+           "split_id": split_id}
+    # multi-cell splits share their test side (the common test set); the train side, which some
+    # diagnostics read, is that of the first cell the sweep lists
+    inputs = {"split": split_id, "wrap": {k: wrap[k] for k in ("arch", "weights", "classes", "weights_sha256")},
+              "side_cell": side_cell or None}
+    return _model_tasks(cfg, g, key, inputs, [split_id], seed, ivs, res)
 
 
 def _model_tasks(cfg, g: TaskGraph, key: dict, inputs: dict, deps: list, seed: int, ivs: list, res: dict) -> dict:
@@ -285,6 +311,14 @@ def _context(task: Task, root: str):
         run = load_run(inputs["checkpoint"])
         crops, split, side = load_run_data(run)
         model_id = _checkpoint_key(inputs["checkpoint"])["model"]
+    elif "wrap" in inputs:
+        res, split_path = _split_files(root, inputs["split"])
+        table = _table(root, res)
+        run = _wrapped_run(inputs["wrap"], list(table.classes))
+        crops = load_crops(table)
+        split = SplitManifest.read(split_path)
+        side = np.asarray(side_codes(table, split.cell(inputs.get("side_cell"))))
+        model_id = wrapped_model_id(inputs["wrap"], inputs["split"])
     else:
         run = load_run(task_dir(root, "train", inputs["train"]))
         res, split_path = _split_files(root, inputs["split"])
@@ -308,6 +342,31 @@ def _context(task: Task, root: str):
     ctx = DiagnosticContext(run.adapter, crops, side, run_id=model_id, split_sha256=split.hash, batch_size=p["batch_size"],
                             seed=p["seed"], targets=targets, preprocess=preprocess)
     return ctx, run, split
+
+
+def _wrapped_run(wrap: dict, classes: list[str]):
+    """A `Run` of a model trained elsewhere, its logits in the data's class order (classes by
+    name): the classifier's rows are reordered when the model's logit order differs."""
+    import torch
+
+    from ..adapter import create_model, wrap as wrap_model
+    from ..errors import ShortcutlabError
+    from ..runs import Run
+
+    if file_sha256(wrap["weights"]) != wrap["weights_sha256"]:
+        raise ShortcutlabError(f"weights file {wrap['weights']!r} changed since the sweep was planned; start the sweep again")
+    if sorted(wrap["classes"]) != sorted(classes):
+        raise ShortcutlabError(f"the model's classes {wrap['classes']} differ from the data's {classes}")
+    model = create_model(wrap["arch"], num_classes=len(classes), pretrained=wrap["weights"])
+    perm = [wrap["classes"].index(c) for c in classes]
+    if perm != list(range(len(classes))):
+        head = model.get_classifier()
+        with torch.no_grad():
+            head.weight.copy_(head.weight[perm])
+            if head.bias is not None:
+                head.bias.copy_(head.bias[perm])
+    record = {"config": {"arch": wrap["arch"]}, "classes": list(classes), "files": {}}
+    return Run(path=os.path.dirname(wrap["weights"]), record=record, adapter=wrap_model(model).eval(), run_id=wrap["arch"])
 
 
 def _run_score(task: Task, root: str, tmp: str, final: str) -> dict:
