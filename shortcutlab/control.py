@@ -184,8 +184,8 @@ class ControlResult:
 
 
 def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Literal["cell", "labels"] = "cell",
-                           config: TrainConfig = TrainConfig(), cell: str | None = None, fill: str = "constant",
-                           dilate: int = 0, seed: int | None = None, reference: SplitManifest | None = None,
+                           config: TrainConfig = TrainConfig(), cell: str | None = None, fill: str = "noise",
+                           dilate: int = 2, seed: int | None = None, reference: SplitManifest | None = None,
                            progress: bool = False) -> ControlResult:
     """Retrain with the label signal deleted under the given split and a parent split.
 
