@@ -136,6 +136,11 @@ def _print_audit(result: dict) -> None:
     print(f"measured on split ({split['protocol']}, sha256 {split['sha256'][:16]}...)")
     if result.get("n_unassigned") is not None:  # crops of the table in no cell of the manifest
         print(f"  table crops missing from the manifest: {result['n_unassigned']}")
+    for name, sib in (result.get("pixel_siblings") or {}).items():
+        if sib.get("share") is not None:
+            where = f" (cell {name})" if name else ""
+            print(f"  pixel siblings{where}: {sib['n_with_sibling']} of {sib['n_test']} test crops ({100 * sib['share']:.2f}%) "
+                  f"within {sib['threshold']} bits of a training crop under flips/rotations")
     cells = {"": measured} if "parents_crossing" in measured else measured
     for name, m in cells.items():
         if not isinstance(m, dict):
@@ -171,7 +176,8 @@ def cmd_audit(args) -> int:
     _check_output_files(args.table, [("--json", args.json), ("--card", args.card)])
     table = _load_table(args)
     split = SplitManifest.read(args.split) if args.split else None
-    result = audit(table, test_fraction=args.test_fraction, split=split, cell=args.cell)
+    result = audit(table, test_fraction=args.test_fraction, split=split, cell=args.cell, augmentation=args.augmentation_order,
+                   pixel_siblings=False if args.no_pixel_siblings else None)
     _print_audit(result)
     texts = {}
     if args.json:
@@ -380,14 +386,13 @@ def _retrain_config(args):
                        weights=args.weights, precise_bn=args.precise_bn, device=args.device)
 
 
-def _retrain_inputs(args, outputs: list[str]):
-    """The crops and split of `litmus` / `control`, after refusing unwritable outputs."""
-    from .data import load_crops
+def _retrain_inputs(args):
+    """The table and split of `litmus` / `control`, after refusing an output folder that cannot
+    be made (nothing is created: the output files are checked once the inputs are)."""
     from .manifest import SplitManifest
     from .recipe import load_manifest_table
 
     _check_output_folder(args.out, "--out")
-    _check_output_files(args.manifest, [("--out", os.path.join(args.out, name)) for name in outputs])
     for path, what in ((args.manifest, "crop manifest"), (args.split, "split manifest")):
         if not os.path.isfile(path):
             raise ShortcutlabError(f"{what} {path!r} does not exist")
@@ -402,17 +407,17 @@ def _score_line(label: str, r: dict) -> str:
 
 
 def cmd_litmus(args) -> int:
-    import pandas as pd
-
     from .data import load_crops
     from .io import atomic_files, to_json
-    from .litmus import check_positions, check_size, litmus
+    from .litmus import check_positions, check_size, check_split_sides, litmus
 
     positions = check_positions(args.positions)
     cfg = _retrain_config(args)
-    table, split = _retrain_inputs(args, ["litmus.csv", "litmus.json"])
+    table, split = _retrain_inputs(args)
     crops = load_crops(table)
     check_size(args.size, crops)
+    check_split_sides(crops, split, args.cell, "the litmus test")
+    _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("litmus.csv", "litmus.json")])
     res = litmus(crops, split, positions=positions, size=args.size, config=cfg, cell=args.cell, progress=not args.quiet)
     frame = res.frame()
     print(f"litmus: {cfg.arch} trained on one {res.size} x {res.size} patch of the {res.crop_size[0]} x {res.crop_size[1]} crops per position "
@@ -432,14 +437,17 @@ def cmd_control(args) -> int:
     from .control import deleted_signal_control
     from .data import load_crops
     from .io import atomic_files, to_json
+    from .litmus import check_split_sides
 
     cfg = _retrain_config(args)
     if args.delete == "cell" and args.dilate < 0:
         raise ShortcutlabError(f"--dilate takes a whole number of pixels >= 0; got {args.dilate}")
-    table, split = _retrain_inputs(args, ["control.csv", "control.json"])
+    table, split = _retrain_inputs(args)
     if args.delete == "cell" and "mask" not in table.frame.columns:
         raise ShortcutlabError(f"--delete cell needs cell masks, but crop manifest {args.manifest!r} has no mask column {args.mask!r} (--mask COL); or use --delete labels")
     crops = load_crops(table)
+    check_split_sides(crops, split, args.cell, "the deleted-signal control")
+    _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("control.csv", "control.json")])
     res = deleted_signal_control(crops, split, delete=args.delete, config=cfg, cell=args.cell, fill=args.fill, dilate=args.dilate,
                                  seed=args.control_seed, progress=not args.quiet)
     how = f"cell deleted (fill {args.fill}, dilated {args.dilate} px)" if args.delete == "cell" else "labels permuted within parent"
@@ -544,6 +552,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--test-fraction", type=float, default=0.2, metavar="Q", help="q for the closed forms (default 0.2)")
     a.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     a.add_argument("--card", metavar="OUT.md", help="write a Markdown reporting card")
+    a.add_argument("--augmentation-order", choices=("split-then-augment", "augment-then-split", "no-augmentation"),
+                   help="declare where augmentation sat relative to the split, for the card (reference 002)")
+    a.add_argument("--no-pixel-siblings", action="store_true",
+                   help="skip the pixel-sibling share (measured on the --image files when a split is given)")
     a.set_defaults(func=cmd_audit)
 
     s = sub.add_parser("split", help="build a split manifest with a protocol")

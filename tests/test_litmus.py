@@ -167,3 +167,32 @@ def test_litmus_refuses_bad_positions_sizes_and_one_sided_splits():
     with pytest.raises(LitmusError, match="no test crops"):
         litmus(crops, SplitManifest(pd.DataFrame({"id": ["c0", "c1"], "split": ["train", "train"]})), size=4)
     assert set(POSITIONS) == {"top_left", "top_right", "bottom_left", "bottom_right", "centre"}
+
+
+@pytest.mark.slow
+def test_cli_litmus_and_control_write_tables_that_agree_with_the_split(tmp_path, capsys):
+    import json
+
+    from shortcutlab.cli import main
+    from shortcutlab.synth import SynthConfig, synthesize, write_synth
+
+    paths = write_synth(synthesize(SynthConfig(fields_per_class=4, crop_size=16, mechanisms="background")), str(tmp_path / "bench"))
+    man = pd.read_csv(paths["manifest"], dtype=str)
+    sides = ["test" if k % 4 == 0 else "train" for k in range(len(man))]
+    pd.DataFrame({"id": man["id"], "split": sides}).to_csv(tmp_path / "split.csv", index=False)
+    args = [paths["manifest"], str(tmp_path / "split.csv"), "--epochs", "1", "--batch-size", "16", "--quiet"]
+    assert main(["litmus", *args, "--out", str(tmp_path / "lit"), "--size", "6", "--positions", "top_left,centre"]) == 0
+    out = capsys.readouterr().out
+    assert "top_left" in out and "centre" in out and "chance" in out
+    rows = pd.read_csv(tmp_path / "lit" / "litmus.csv")
+    test_labels = man.loc[[s == "test" for s in sides], "label"]
+    assert list(rows["position"]) == ["top_left", "centre"]
+    assert (rows["n"] == len(test_labels)).all()
+    assert rows["chance"].to_numpy() == pytest.approx(test_labels.value_counts(normalize=True).max())
+    assert (rows["k"] / rows["n"]).to_numpy() == pytest.approx(rows["accuracy"].to_numpy())
+    saved = json.loads((tmp_path / "lit" / "litmus.json").read_text())
+    assert saved["size"] == 6 and [r["position"] for r in saved["rows"]] == ["top_left", "centre"]
+    assert main(["control", *args, "--out", str(tmp_path / "ctl"), "--delete", "labels"]) == 0
+    ctl = pd.read_csv(tmp_path / "ctl" / "control.csv")
+    assert list(ctl["split"]) == ["given", "parent"] and list(ctl["protocol"]) == ["external", "parent"]
+    assert ctl["n"].iloc[0] == len(test_labels)
