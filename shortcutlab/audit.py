@@ -112,11 +112,62 @@ def measure_split(table: CropTable, assignment: pd.DataFrame) -> dict:
     return out
 
 
+AUGMENTATION_ORDERS: tuple[str, ...] = ("split-then-augment", "augment-then-split", "no-augmentation")
+"""What a user may declare about augmentation and the split (reference 002): split first and
+augment each side (sound), augment and then split the augmented pool (siblings cross by
+construction), or no augmentation."""
+
+
+def pixel_sibling_shares(table: CropTable, split: SplitManifest, cell: str | None = None, threshold: int | None = None,
+                         root: str | None = None) -> dict:
+    """Reference 002's sibling check on a split's images: per cell, the share of test crops
+    whose nearest training crop lies within `threshold` bits of the 64-bit pHash under the
+    eight flips and right-angle rotations (`shortcutlab.siblings`).
+
+    Args:
+        table: a table with an image column (paths relative to the table's folder or `root`).
+        split: the split manifest.
+        cell: one cell (default: every cell).
+        threshold: Hamming threshold (default `siblings.DEFAULT_THRESHOLD`).
+        root: folder relative image paths start from.
+
+    Returns:
+        {cell name ('' for a one-cell manifest): {"share", "n_test", "n_with_sibling",
+        "threshold"}}; a cell without a training or test side gets share None.
+    """
+    import os
+
+    from .errors import TableError
+    from .siblings import DEFAULT_THRESHOLD, ImageSet, check_threshold, hash_image_set, search_hashes
+
+    if not table.has_images:
+        raise TableError("the pixel-sibling share needs the crops' images: give the table an image column (--image COL)")
+    t = DEFAULT_THRESHOLD if threshold is None else check_threshold(threshold)
+    if root is None:
+        root = os.path.dirname(os.path.abspath(table.source)) if os.path.exists(str(table.source)) else os.getcwd()
+    paths = [p if os.path.isabs(p) else os.path.join(root, p) for p in table.frame["image"].tolist()]
+    variants = hash_image_set(ImageSet(list(table.ids), paths, str(table.source)), variants=True)  # column 0: the image itself
+    cells = [cell] if cell is not None or len(split.cells) == 1 else list(split.cells)
+    out = {}
+    for c in cells:
+        side = side_codes(table, split.cell(c))
+        train, test = np.flatnonzero(side == 0), np.flatnonzero(side == 2)
+        name = c if c is not None and len(split.cells) > 1 else ""
+        if len(train) == 0 or len(test) == 0:
+            out[name] = {"share": None, "n_test": int(len(test)), "n_with_sibling": 0, "threshold": t}
+            continue
+        res = search_hashes(variants[train, 0], variants[test], t)
+        out[name] = {"share": round(res.share, 6), "n_test": int(len(test)), "n_with_sibling": int(res.is_sibling.sum()), "threshold": t}
+    return out
+
+
 def audit(
     table: CropTable,
     test_fraction: float = 0.2,
     split: SplitManifest | None = None,
     cell: str | None = None,
+    augmentation: str | None = None,
+    pixel_siblings: bool | None = None,
 ) -> dict:
     """Closed-form exposure of `table` and, with `split`, the figures measured on it.
 
@@ -126,6 +177,10 @@ def audit(
         split: an optional manifest; with several cells every cell is measured unless `cell`
             names one.
         cell: one cell of a multi-cell manifest.
+        augmentation: the user's declaration of where augmentation sits relative to the split,
+            one of `AUGMENTATION_ORDERS` (None: not declared); recorded for the card.
+        pixel_siblings: measure reference 002's pixel-sibling share of the split
+            (`pixel_sibling_shares`); None = when the table has images and a split is given.
 
     Returns:
         JSON-ready dict: ``n_crops``, ``n_parents``, ``n_classes``, ``n_groups``,
@@ -133,15 +188,22 @@ def audit(
         ``pixel_overlap`` (None without geometry), ``overlap_share`` and, with a split,
         ``measured`` (per cell when there are several; each with ``n_unassigned``, the table's
         crops outside that cell) and ``split`` (protocol, params, hash, and ``n_unassigned``:
-        the table's crops in no row of the manifest, over all cells).
+        the table's crops in no row of the manifest, over all cells), ``augmentation``
+        (the declaration or None) and, when measured, ``pixel_siblings`` (per cell, see
+        `pixel_sibling_shares`).
 
     Warns:
         UserWarning: the manifest leaves crops of the table out (except a factorial design,
             whose cells train on a subset by construction); the count is in
             ``result["split"]["n_unassigned"]``.
     """
+    from .errors import ShortcutlabError
+
+    if augmentation is not None and augmentation not in AUGMENTATION_ORDERS:
+        raise ShortcutlabError(f"augmentation order must be one of {', '.join(AUGMENTATION_ORDERS)}; got {augmentation!r}")
     result = summarize(table, test_fraction).to_dict()
     result["source"] = table.source
+    result["augmentation"] = augmentation
     if split is not None:
         cells = split.cells
         if cell is not None or len(cells) == 1:
@@ -163,4 +225,6 @@ def audit(
                 UserWarning,
                 stacklevel=2,
             )
+        if pixel_siblings or (pixel_siblings is None and table.has_images):
+            result["pixel_siblings"] = pixel_sibling_shares(table, split, cell)
     return result

@@ -5,6 +5,12 @@ reference 002): the split unit and splitter with its parameters, the number of p
 patients), not only crops, the measured sibling share of the test set, and whether near-duplicate
 merging preceded the split. Without a split it states the closed-form exposure a crop-level
 split would have.
+
+Its first section holds reference 002's four reporting items: acquisitions counted (parents,
+not crops), whether the split came before or after augmentation (declared by the user: the
+table cannot show it), the split unit, and the pixel-sibling share (test crops with a flipped,
+rotated or re-exposed copy among the training crops, from `shortcutlab.siblings`, when the
+table has images).
 """
 
 from __future__ import annotations
@@ -14,6 +20,61 @@ import json
 
 def _pct(x) -> str:
     return "n/a" if x is None or x != x else f"{100 * x:.2f}%"
+
+
+_AUGMENTATION_TEXT = {
+    "split-then-augment": "split before augmentation (declared): augmented copies stay on their source crop's side",
+    "augment-then-split": "split after augmentation (declared): augmented copies of one source crop can sit on both sides; "
+    "the test score measures recognition of near-duplicates (reference 002)",
+    "no-augmentation": "no augmentation (declared)",
+}
+
+
+def _augmentation_text(order) -> str:
+    if order is None:
+        return ("not declared; state it (`shortcutlab audit --augmentation-order ...`): split first, then augment "
+                "training crops only, so augmented copies stay on their source crop's side")
+    return _AUGMENTATION_TEXT.get(order, str(order))
+
+
+def _split_unit(split: dict) -> str:
+    """The unit a split keeps whole: the manifest's ``unit`` parameter, else what its protocol implies."""
+    unit = (split.get("params") or {}).get("unit")
+    if unit is not None:
+        return str(unit)
+    implied = {"crop": "crop", "ladder": "crop (a share of parents may cross)", "factorial": "crop (parents chosen per cell)"}
+    return implied.get(split.get("protocol"), "unknown (manifest without metadata)")
+
+
+def _reference_002_items(r: dict) -> list[str]:
+    """The four reporting items of reference 002."""
+    split = r.get("split")
+    groups = f" in {r['n_groups']:,} groups (patients)" if r.get("n_groups") else ""
+    lines = [
+        "## Reporting items (reference 002)",
+        f"- Acquisitions counted: {r['n_parents']:,} independent acquisitions (parents){groups} behind "
+        f"{r['n_crops']:,} crops; power and intervals rest on the acquisitions, not the crops",
+        f"- Split before or after augmentation: {_augmentation_text(r.get('augmentation'))}",
+    ]
+    if split is None:
+        lines.append("- Split unit: no split given (audit one with `--split MANIFEST.csv`)")
+    else:
+        lines.append(f"- Split unit: {_split_unit(split)}")
+    sib = r.get("pixel_siblings")
+    if not sib:
+        why = "no split given" if split is None else "the table has no image column (--image COL)"
+        lines.append(f"- Pixel-sibling share: not measured ({why})")
+    else:
+        for name, s in sib.items():
+            where = f" (cell `{name}`)" if name else ""
+            if s.get("share") is None:
+                lines.append(f"- Pixel-sibling share{where}: not measured (the split has no training or no test crops)")
+                continue
+            lines.append(
+                f"- Pixel-sibling share{where}: {_pct(s['share'])} of test crops ({s['n_with_sibling']:,} of {s['n_test']:,}) "
+                f"have a training crop within {s['threshold']} bits of the 64-bit pHash under flips and right-angle rotations"
+            )
+    return lines
 
 
 def reporting_card(result: dict) -> str:
@@ -30,6 +91,8 @@ def reporting_card(result: dict) -> str:
         "# Evaluation reporting card",
         "",
         f"Table: `{r.get('source', '?')}`",
+        "",
+        *_reference_002_items(r),
         "",
         "## Acquisition structure",
         f"- Crops: {r['n_crops']:,}; parents (acquisitions): {r['n_parents']:,}"
@@ -48,7 +111,7 @@ def reporting_card(result: dict) -> str:
 
     params = dict(split.get("params") or {})
     protocol = split.get("protocol", "external")
-    unit = params.get("unit", "unknown (manifest without metadata)")
+    unit = _split_unit(split)
     dedup = params.get("dedup")
     dedup_text = (
         f"yes, {dedup.get('method')} with Hamming threshold {dedup.get('max_distance')}"
@@ -63,8 +126,7 @@ def reporting_card(result: dict) -> str:
         f"- Splitter: shortcutlab `{protocol}` with parameters `{json.dumps(shown, sort_keys=True)}`",
         f"- Manifest SHA-256: `{split.get('sha256')}`",
         f"- Near-duplicate merging before the split: {dedup_text}",
-        "- Augmentation relative to the split: not recorded here; state it (split first, then augment "
-        "training crops only, so augmented copies stay on their source crop's side)",
+        f"- Augmentation relative to the split: {_augmentation_text(r.get('augmentation'))}",
     ]
     n_unassigned = split.get("n_unassigned")
     if n_unassigned:

@@ -1,5 +1,5 @@
 """The `shortcutlab` command line: audit, split, verify, synth, train, demo, diagnose, siblings,
-sweep, results, report.
+sweep, results, report, litmus, control.
 
 Run ``shortcutlab COMMAND --help`` for the options of each command.
 """
@@ -136,6 +136,11 @@ def _print_audit(result: dict) -> None:
     print(f"measured on split ({split['protocol']}, sha256 {split['sha256'][:16]}...)")
     if result.get("n_unassigned") is not None:  # crops of the table in no cell of the manifest
         print(f"  table crops missing from the manifest: {result['n_unassigned']}")
+    for name, sib in (result.get("pixel_siblings") or {}).items():
+        if sib.get("share") is not None:
+            where = f" (cell {name})" if name else ""
+            print(f"  pixel siblings{where}: {sib['n_with_sibling']} of {sib['n_test']} test crops ({100 * sib['share']:.2f}%) "
+                  f"within {sib['threshold']} bits of a training crop under flips/rotations")
     cells = {"": measured} if "parents_crossing" in measured else measured
     for name, m in cells.items():
         if not isinstance(m, dict):
@@ -171,7 +176,8 @@ def cmd_audit(args) -> int:
     _check_output_files(args.table, [("--json", args.json), ("--card", args.card)])
     table = _load_table(args)
     split = SplitManifest.read(args.split) if args.split else None
-    result = audit(table, test_fraction=args.test_fraction, split=split, cell=args.cell)
+    result = audit(table, test_fraction=args.test_fraction, split=split, cell=args.cell, augmentation=args.augmentation_order,
+                   pixel_siblings=False if args.no_pixel_siblings else None)
     _print_audit(result)
     texts = {}
     if args.json:
@@ -373,6 +379,89 @@ def cmd_siblings(args) -> int:
     return 0
 
 
+def _retrain_config(args):
+    from .recipe import TrainConfig
+
+    return TrainConfig(arch=args.arch, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                       weights=args.weights, precise_bn=args.precise_bn, device=args.device)
+
+
+def _retrain_inputs(args):
+    """The table and split of `litmus` / `control`, after refusing an output folder that cannot
+    be made (nothing is created: the output files are checked once the inputs are)."""
+    from .manifest import SplitManifest
+    from .recipe import load_manifest_table
+
+    _check_output_folder(args.out, "--out")
+    for path, what in ((args.manifest, "crop manifest"), (args.split, "split manifest")):
+        if not os.path.isfile(path):
+            raise ShortcutlabError(f"{what} {path!r} does not exist")
+    table = load_manifest_table(args.manifest, id=args.id, label=args.label, parent=args.parent, image=args.image, mask=args.mask)
+    return table, SplitManifest.read(args.split)
+
+
+def _score_line(label: str, r: dict) -> str:
+    verdict = "above chance" if r["above_chance"] else "not above chance"
+    return (f"  {label:<14} {r['accuracy']:.4f}  chance {r['chance']:.4f}  binomial [{r['ci_low']:.3f}, {r['ci_high']:.3f}]  "
+            f"parent-cluster [{r['cluster_ci_low']:.3f}, {r['cluster_ci_high']:.3f}]  n={r['n']} ({r['n_test_parents']} parents)  {verdict}")
+
+
+def cmd_litmus(args) -> int:
+    from .data import load_crops
+    from .io import atomic_files, to_json
+    from .litmus import check_positions, check_size, check_split_sides, litmus
+
+    positions = check_positions(args.positions)
+    cfg = _retrain_config(args)
+    table, split = _retrain_inputs(args)
+    crops = load_crops(table)
+    check_size(args.size, crops)
+    check_split_sides(crops, split, args.cell, "the litmus test")
+    _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("litmus.csv", "litmus.json")])
+    res = litmus(crops, split, positions=positions, size=args.size, config=cfg, cell=args.cell, progress=not args.quiet)
+    frame = res.frame()
+    print(f"litmus: {cfg.arch} trained on one {res.size} x {res.size} patch of the {res.crop_size[0]} x {res.crop_size[1]} crops per position "
+          f"(split {split.protocol}, sha256 {split.hash[:16]}...); chance = {res.chance_rule}")
+    for r in res.rows:
+        cov = "" if r["cell_coverage"] != r["cell_coverage"] else f"  cell coverage {r['cell_coverage']:.3f}"
+        print(_score_line(r["position"], r) + cov)
+    with atomic_files() as stage:
+        frame.to_csv(stage.path(os.path.join(args.out, "litmus.csv")), index=False)
+        with open(stage.path(os.path.join(args.out, "litmus.json")), "w", encoding="utf-8") as f:
+            f.write(to_json(res.to_dict()))
+    print(f"wrote {os.path.join(args.out, 'litmus.csv')} and litmus.json")
+    return 0
+
+
+def cmd_control(args) -> int:
+    from .control import deleted_signal_control
+    from .data import load_crops
+    from .io import atomic_files, to_json
+    from .litmus import check_split_sides
+
+    cfg = _retrain_config(args)
+    if args.delete == "cell" and args.dilate < 0:
+        raise ShortcutlabError(f"--dilate takes a whole number of pixels >= 0; got {args.dilate}")
+    table, split = _retrain_inputs(args)
+    if args.delete == "cell" and "mask" not in table.frame.columns:
+        raise ShortcutlabError(f"--delete cell needs cell masks, but crop manifest {args.manifest!r} has no mask column {args.mask!r} (--mask COL); or use --delete labels")
+    crops = load_crops(table)
+    check_split_sides(crops, split, args.cell, "the deleted-signal control")
+    _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("control.csv", "control.json")])
+    res = deleted_signal_control(crops, split, delete=args.delete, config=cfg, cell=args.cell, fill=args.fill, dilate=args.dilate,
+                                 seed=args.control_seed, progress=not args.quiet)
+    how = f"cell deleted (fill {args.fill}, dilated {args.dilate} px)" if args.delete == "cell" else "labels permuted within parent"
+    print(f"deleted-signal control: {how}; {cfg.arch} retrained under the given split and a parent split; chance = {res.chance_rule}")
+    for r in res.rows:
+        print(_score_line(f"{r['split']} ({r['protocol']})", r))
+    with atomic_files() as stage:
+        res.frame().to_csv(stage.path(os.path.join(args.out, "control.csv")), index=False)
+        with open(stage.path(os.path.join(args.out, "control.json")), "w", encoding="utf-8") as f:
+            f.write(to_json(res.to_dict()))
+    print(f"wrote {os.path.join(args.out, 'control.csv')} and control.json")
+    return 0
+
+
 def _diagnose_params(items: list[str]) -> dict[str, dict]:
     """--param DIAGNOSTIC.KEY=VALUE options as {diagnostic: {key: value}}."""
     out: dict[str, dict] = {}
@@ -562,6 +651,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--test-fraction", type=float, default=0.2, metavar="Q", help="q for the closed forms (default 0.2)")
     a.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     a.add_argument("--card", metavar="OUT.md", help="write a Markdown reporting card")
+    a.add_argument("--augmentation-order", choices=("split-then-augment", "augment-then-split", "no-augmentation"),
+                   help="declare where augmentation sat relative to the split, for the card (reference 002)")
+    a.add_argument("--no-pixel-siblings", action="store_true",
+                   help="skip the pixel-sibling share (measured on the --image files when a split is given)")
     a.set_defaults(func=cmd_audit)
 
     s = sub.add_parser("split", help="build a split manifest with a protocol")
@@ -688,6 +781,38 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-examples", action="store_true", help="leave out the example crops (no model is loaded)")
     r.add_argument("--device", default="cpu", help="where the example crops' models run")
     r.set_defaults(func=cmd_report)
+
+    def retrain_options(p, outputs):
+        p.add_argument("manifest", help="crop manifest CSV (id, path, mask, label, parent; as written by `shortcutlab synth`)")
+        p.add_argument("split", help="split manifest CSV from `shortcutlab split`")
+        p.add_argument("--out", required=True, metavar="DIR", help=f"folder for {outputs}")
+        p.add_argument("--cell", help="cell of a multi-cell split (factorial, ladder)")
+        p.add_argument("--arch", default="test_resnet", help="timm model name (default test_resnet)")
+        p.add_argument("--epochs", type=int, default=10)
+        p.add_argument("--batch-size", type=int, default=64)
+        p.add_argument("--lr", type=float, default=1e-4)
+        p.add_argument("--seed", type=int, default=0, help="training seed")
+        p.add_argument("--weights", metavar="FILE", help="local weight file to start from (never downloaded)")
+        p.add_argument("--precise-bn", action="store_true", help="recompute BatchNorm statistics on the training crops before scoring")
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+        for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent"), ("--image", "path"), ("--mask", "mask")):
+            p.add_argument(flag, default=default, help=f"manifest column (default {default})")
+
+    lt = sub.add_parser("litmus", help="reference 004's corner-patch test: train on one fixed patch per position, accuracy against chance")
+    retrain_options(lt, "litmus.csv and litmus.json")
+    lt.add_argument("--positions", default="top_left,top_right,bottom_left,bottom_right,centre", help="comma-separated patch positions (default all five)")
+    lt.add_argument("--size", type=int, default=20, metavar="PX", help="patch side in pixels (default 20, as reference 004)")
+    lt.set_defaults(func=cmd_litmus)
+
+    c = sub.add_parser("control", help="reference 003's deleted-signal control: retrain without the cell (or with labels permuted within parent) under the split and a parent split")
+    retrain_options(c, "control.csv and control.json")
+    c.add_argument("--delete", required=True, choices=("cell", "labels"), help="cell: remove the cell under its mask; labels: permute the classes within each parent")
+    c.add_argument("--fill", default="noise", choices=("noise", "mean", "constant"),
+                   help="--delete cell: what replaces the cell: the crop's background mean and grain (default), its mean colour, or the recipe's grey")
+    c.add_argument("--dilate", type=int, default=2, metavar="PX", help="--delete cell: grow the mask by PX pixels first (default 2)")
+    c.add_argument("--control-seed", type=int, help="seed of the permutations, the noise and the parent split (default: the split's seed)")
+    c.set_defaults(func=cmd_control)
 
     v = sub.add_parser("verify", help="check a manifest against a registered hash")
     v.add_argument("manifest")

@@ -108,3 +108,63 @@ def test_audit_counts_and_warns_about_crops_missing_from_the_manifest():
         fac = factorial_split(t, seed=0)
         used = set(fac.assignments["id"])
         assert audit(t, split=fac)["split"]["n_unassigned"] == t.n_crops - len(used)
+
+
+# --- reference 002's reporting items ------------------------------------------------------------
+def _image_table(tmp_path, n=12):
+    """n distinct 16 x 16 crops (smooth random fields) in n parents; crop t{k} is crop r{k}
+    rotated by 90 degrees, so each rotated copy is a pixel sibling of its source."""
+    from PIL import Image
+    from scipy.ndimage import gaussian_filter
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in range(n):
+        g = (gaussian_filter(rng.random((32, 32)), 3) * 255 / 0.6).clip(0, 255).astype(np.uint8)
+        rgb = np.stack([g, g, g], axis=2)
+        Image.fromarray(rgb).save(tmp_path / f"r{k}.png")
+        Image.fromarray(np.ascontiguousarray(np.rot90(rgb))).save(tmp_path / f"t{k}.png")
+        rows += [{"id": f"r{k}", "label": "ab"[k % 2], "parent": f"p{k}", "image": f"r{k}.png"},
+                 {"id": f"t{k}", "label": "ab"[k % 2], "parent": f"q{k}", "image": f"t{k}.png"}]
+    pd.DataFrame(rows).to_csv(tmp_path / "crops.csv", index=False)
+    from shortcutlab import CropTable
+
+    return CropTable.from_csv(str(tmp_path / "crops.csv"), id="id", image="image")
+
+
+def test_card_states_reference_002_items_with_the_measured_pixel_sibling_share(tmp_path):
+    from shortcutlab.siblings import find_siblings
+
+    table = _image_table(tmp_path)
+    # Rotated copies t0..t5 on the test side with their sources on the training side, t6..t11
+    # on the test side whose sources are also tested: 6 of 12 test crops have a training sibling.
+    test_ids = [f"t{k}" for k in range(12)] + [f"r{k}" for k in range(6, 12)]
+    sides = ["test" if i in test_ids else "train" for i in table.ids]
+    split = SplitManifest(pd.DataFrame({"id": table.ids, "split": sides}), protocol="external")
+    r = audit(table, 0.2, split=split, augmentation="augment-then-split")
+    sib = r["pixel_siblings"][""]
+    # The same share straight from the sibling search on the arrays.
+    from PIL import Image
+
+    load = lambda ids: np.stack([np.asarray(Image.open(tmp_path / f"{i}.png").convert("RGB")) for i in ids])
+    direct = find_siblings(load([i for i, s in zip(table.ids, sides) if s == "train"]), load([i for i, s in zip(table.ids, sides) if s == "test"]))
+    assert sib["n_test"] == 18 and sib["share"] == pytest.approx(direct.share)
+    assert sib["n_with_sibling"] >= 6  # the six rotated copies at least (distinct smooth fields rarely collide)
+    card = reporting_card(r)
+    assert "## Reporting items (reference 002)" in card
+    assert "Acquisitions counted: 24 independent acquisitions (parents) behind 24 crops" in card
+    assert "Split before or after augmentation: split after augmentation (declared)" in card
+    assert "Split unit: unknown (manifest without metadata)" in card
+    assert f"Pixel-sibling share: {100 * direct.share:.2f}% of test crops ({sib['n_with_sibling']} of 18)" in card
+
+
+def test_card_items_without_images_declaration_or_split(cric):
+    card = reporting_card(audit(cric, 0.2, split=crop_split(cric, 0.2, seed=0)))
+    assert "Split unit: crop" in card
+    assert "Split before or after augmentation: not declared" in card
+    assert "Pixel-sibling share: not measured (the table has no image column" in card
+    plain = reporting_card(audit(cric, 0.2))
+    assert "Split unit: no split given" in plain and "Pixel-sibling share: not measured (no split given)" in plain
+    assert "Acquisitions counted: 400 independent acquisitions (parents) behind 11,534 crops" in plain
+    with pytest.raises(Exception, match="augmentation order must be one of split-then-augment"):
+        audit(cric, 0.2, augmentation="sometimes")

@@ -1155,3 +1155,74 @@ SIBLINGS_CASES: list[Case] = [
 @pytest.mark.parametrize("case", SIBLINGS_CASES, ids=[c.id for c in SIBLINGS_CASES])
 def test_bad_input_siblings(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+
+
+# --- LITMUS: the corner-patch litmus test -------------------------------------------------------
+def _litmus_inputs(tmp_path, sides=None, masks=True):
+    """A tiny synthetic benchmark (16 x 16 crops) on disk and a split manifest of it."""
+    paths = _synth16(str(tmp_path / "bench"))
+    man = _pd.read_csv(paths["manifest"])
+    if not masks:
+        man = man.drop(columns=["mask"])
+        man.to_csv(paths["manifest"], index=False)
+    split = tmp_path / "split.csv"
+    s = sides if sides is not None else ["test" if k % 3 == 0 else "train" for k in range(len(man))]
+    _pd.DataFrame({"id": man["id"], "split": s if isinstance(s, list) else [s] * len(man)}).to_csv(split, index=False)
+    return [paths["manifest"], str(split)]
+
+
+def _synth16(out: str):
+    from shortcutlab.synth import SynthConfig, synthesize, write_synth
+
+    return write_synth(synthesize(SynthConfig(fields_per_class=2, crop_size=16)), out)
+
+
+LITMUS_CLI_CASES = [
+    ("unknown-position", lambda t: [*_litmus_inputs(t), "--positions", "top_left,middle"], "unknown patch position 'middle'"),
+    ("patch-larger-than-crops", lambda t: [*_litmus_inputs(t), "--size", "40"], "patch size 40 does not fit inside the"),
+    ("split-without-test-side", lambda t: [*_litmus_inputs(t, sides="train"), "--size", "8"], "has no test crops"),
+    ("missing-manifest", lambda t: [str(t / "nope.csv"), str(t / "split.csv")], "nope.csv' does not exist"),
+    ("zero-size", lambda t: [*_litmus_inputs(t), "--size", "0"], "positive whole number"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", [(c[1], c[2]) for c in LITMUS_CLI_CASES], ids=[c[0] for c in LITMUS_CLI_CASES])
+def test_cli_litmus_names_the_culprit(argv, expected, tmp_path, capsys) -> None:
+    line = cli_error(["litmus", *argv(tmp_path), "--out", str(tmp_path / "out"), "--epochs", "1", "--quiet"], capsys)
+    assert expected.lower() in line.lower(), line
+    assert not (tmp_path / "out").exists()
+
+
+# --- CONTROL: the deleted-signal control --------------------------------------------------------
+CONTROL_CLI_CASES = [
+    ("cell-without-masks", lambda t: [*_litmus_inputs(t, masks=False), "--delete", "cell"], "needs cell masks"),
+    ("split-without-test-side", lambda t: [*_litmus_inputs(t, sides="train"), "--delete", "labels"], "has no test crops"),
+    ("negative-dilate", lambda t: [*_litmus_inputs(t), "--delete", "cell", "--dilate", "-1"], ">= 0; got -1"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", [(c[1], c[2]) for c in CONTROL_CLI_CASES], ids=[c[0] for c in CONTROL_CLI_CASES])
+def test_cli_control_names_the_culprit(argv, expected, tmp_path, capsys) -> None:
+    line = cli_error(["control", *argv(tmp_path), "--out", str(tmp_path / "out"), "--epochs", "1", "--quiet"], capsys)
+    assert expected.lower() in line.lower(), line
+    assert not (tmp_path / "out").exists()
+
+
+def _delete_cell_bad(fill="constant", dilate=0, noise=None):
+    import torch
+
+    from shortcutlab.control import delete_cell
+
+    return delete_cell(torch.zeros(1, 3, 4, 4), torch.zeros(1, 1, 4, 4), fill=fill, dilate=dilate, noise=noise)
+
+
+CONTROL_CASES: list[Case] = [
+    Case("control-unknown-fill", lambda t: _delete_cell_bad(fill="blur"), ShortcutlabError, ("'blur'", "constant", "mean", "noise")),
+    Case("control-fractional-dilate", lambda t: _delete_cell_bad(dilate=1.5), ShortcutlabError, ("dilate", "1.5")),
+    Case("control-noise-fill-without-noise", lambda t: _delete_cell_bad(fill="noise"), ShortcutlabError, ("noise=", "(1, 3, 4, 4)")),
+]
+
+
+@pytest.mark.parametrize("case", CONTROL_CASES, ids=[c.id for c in CONTROL_CASES])
+def test_bad_input_control(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
