@@ -219,6 +219,7 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepCo
     cells = _cells(ck, raw.get("cells"), protocol, split_params)
     has_masks = all(c.kind == "synthetic" or c.params.get("mask") for c in conditions)
     ivs = _interventions(ck, raw.get("interventions"), has_masks)
+    _check_unseen_fields(ck, ivs, protocol, split_params)
     diags, dparams = _diagnostics(ck, raw.get("diagnostics"))
     return SweepConfig(conditions=conditions, protocol=protocol, split_params=split_params, seeds=seeds, models=models,
                        cells=cells, interventions=ivs, diagnostics=diags, diagnostic_params=dparams, device=device,
@@ -554,6 +555,22 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
     if dup:
         raise ck.error("interventions.names", f"intervention setting {dup[0]!r} is listed twice")
     return tuple(out)
+
+
+def _check_unseen_fields(ck: _Checker, ivs, protocol: str, split_params) -> None:
+    """`reinhard_unseen_field` draws each test crop's target from a field no cell trained on
+    (F2): only a factorial with ``reserve_parent_share > 0`` is sure to leave such fields."""
+    where = [i for i, (_, n, _) in enumerate(ivs) if n == "reinhard_unseen_field"]
+    if not where:
+        return
+    if protocol != "factorial":
+        raise ck.error("interventions.names", f"'reinhard_unseen_field' needs fields no model trained on; the {protocol!r} split "
+                       "leaves none: use split.protocol factorial with params.reserve_parent_share > 0 (e.g. 0.2)")
+    for sp in split_params:
+        share = sp.get("reserve_parent_share") or 0
+        if not share > 0:
+            raise ck.error("split.params.reserve_parent_share", f"'reinhard_unseen_field' needs fields no model trained on; got "
+                           f"reserve_parent_share {share!r}: give a share > 0 (e.g. 0.2) to keep fields out of every cell")
 
 
 def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:
