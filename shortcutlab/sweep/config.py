@@ -277,9 +277,19 @@ def _synthetic(ck: _Checker, value: Any) -> tuple[Condition, ...]:
     grid = expand(s)
     varying = sorted(k for k in s if len(_grid_values(k, s[k])) > 1)
     conditions = []
+    strengths = s.get("strengths")
+    if isinstance(strengths, Mapping):
+        planted = {part.strip().lower() for names in mechanism_sets for n in names for part in n.split(",")}
+        for k in strengths:
+            if str(k).lower() not in planted:
+                raise ck.error(f"data.synthetic.strengths.{k}", f"{k!r} is planted in no condition (mechanisms: {', '.join(sorted(planted))})")
     for names in mechanism_sets:
         for point in grid:
             params = {"mechanisms": list(names), **point}
+            if isinstance(point.get("strengths"), Mapping):
+                # one mapping for every condition: each condition takes the entries of its own mechanisms
+                own = {part.strip().lower() for n in names for part in n.split(",")}
+                params["strengths"] = {k: v for k, v in point["strengths"].items() if str(k).lower() in own}
             try:
                 cfg = SynthConfig(**params)
             except ShortcutlabError as e:
