@@ -476,9 +476,14 @@ def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: T
     order = np.sort(np.asarray(idx, dtype=np.int64))
     order = order[torch.randperm(len(order), generator=torch.Generator().manual_seed(config.seed)).numpy()]
 
+    starts = list(range(0, len(order), size))
+    if len(starts) > 1 and len(order) - starts[-1] == 1:
+        starts.pop()  # a last batch of one crop joins the one before (BatchNorm cannot take it in train mode)
+    ends = starts[1:] + [len(order)]
+
     def batches():
-        for b in range(0, len(order), size):
-            x, m = crops.float_batch(torch.from_numpy(order[b : b + size]), device=device)
+        for b, e in zip(starts, ends):
+            x, m = crops.float_batch(torch.from_numpy(order[b:e]), device=device)
             if config.mask_background:
                 x = _mask_background(x, m, config.background_fill)
             yield x
