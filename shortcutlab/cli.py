@@ -631,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seeds", help="comma-separated seeds (default 0)")
     d.add_argument("--epochs", type=int, help="training epochs per model")
     d.add_argument("--mechanism", help="planted mechanisms, comma-separated (default all five; color with --quick)")
-    d.add_argument("--quick", action="store_true", help="the small demo: color vs none, 4 seeds, 2 cells, 12 epochs (2-3 min on 2 cores)")
+    d.add_argument("--quick", action="store_true", help="the small demo: color vs none, 4 seeds, 2 cells, 12 epochs (about a minute on 2 cores)")
     d.add_argument("--no-report", action="store_true", help="skip the HTML report")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_demo)

@@ -205,3 +205,20 @@ def test_the_quick_demo_path_ends_in_a_report_whose_numbers_match_the_prediction
         row = est[(est["estimand"] == "leak") & (est["condition"] == cond) & (est["arch"] == "test_resnet")
                   & (est["intervention"] == "none")]
         assert len(row) == 1 and row["estimate"].iloc[0] == pytest.approx(hand, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_demo_quick_itself_shows_the_planted_leak_and_its_remover(tmp_path, capsys):
+    """The README's first command, `shortcutlab demo --quick` (16 models; 43 s on 2 cores):
+    the colour leak's interval excludes zero, the unseen-field Reinhard transfer's cut of it
+    is above zero, and under `none` the interval holds zero."""
+    from shortcutlab.cli import main
+
+    assert main(["demo", "--quick", "--out", str(tmp_path), "--quiet"]) == 0
+    html_path = tmp_path / "report" / "report.html"
+    assert f"report: {html_path}" in capsys.readouterr().out
+    est = pd.read_csv(tmp_path / "report" / "estimates.csv")
+    rows = est[(est["arch"] == "test_resnet") & (est["diversity"] == "high")].set_index(["estimand", "condition", "intervention"])
+    assert rows.loc[("leak", "color", "none"), "ci_low"] > 0
+    assert rows.loc[("leak_cut", "color", "reinhard_unseen_field"), "ci_low"] > 0
+    assert rows.loc[("leak", "none", "none"), "ci_low"] < 0 < rows.loc[("leak", "none", "none"), "ci_high"]
