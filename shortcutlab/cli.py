@@ -354,15 +354,19 @@ def cmd_demo(args) -> int:
         kw["epochs"] = args.epochs
     if args.mechanism:
         kw["mechanisms"] = tuple(m.strip() for m in args.mechanism.split(","))
-    cfg = DemoConfig(progress=not args.quiet, **kw)
+    if args.no_report:
+        kw["report"] = False
+    cfg = DemoConfig.quick(progress=not args.quiet, **kw) if args.quick else DemoConfig(progress=not args.quiet, **kw)
     _check_output_folder(args.out, "--out")
     summary = run_demo(args.out, cfg)
-    print(f"leak/clean factorial on the synthetic benchmark ({summary['minutes']} min)")
+    print(f"leak/clean factorial on the synthetic benchmark{' (--quick)' if args.quick else ''} ({summary['minutes']} min)")
     for cond, eff in summary["mean_leak_effect_pp"].items():
         nsp = summary["mean_leak_effect_no_shared_pixels_pp"][cond]
         print(f"  {cond:<45} mean test accuracy {summary['mean_test_accuracy'][cond]:.3f}   leak - clean {eff:+.2f} pp "
               f"(test crops sharing no pixel with leak training crops: {nsp:+.2f} pp)")
-    print(f"tables in {args.out}: results.csv (one row per model), effects.csv, summary.json")
+    print(f"tables in {args.out}: results.csv (one row per model), effects.csv, summary.json; the sweep in {os.path.join(args.out, 'sweep')}")
+    if "report" in summary:
+        print(f"report: {summary['report']}")
     return 0
 
 
@@ -722,7 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="shortcutlab-demo", help="output folder (default shortcutlab-demo)")
     d.add_argument("--seeds", help="comma-separated seeds (default 0)")
     d.add_argument("--epochs", type=int, help="training epochs per model")
-    d.add_argument("--mechanism", help="planted mechanisms, comma-separated (default all five)")
+    d.add_argument("--mechanism", help="planted mechanisms, comma-separated (default all five; color with --quick)")
+    d.add_argument("--quick", action="store_true", help="the small demo: color vs none, 4 seeds, 2 cells, 12 epochs (about a minute on 2 cores)")
+    d.add_argument("--no-report", action="store_true", help="skip the HTML report")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_demo)
 

@@ -476,9 +476,14 @@ def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: T
     order = np.sort(np.asarray(idx, dtype=np.int64))
     order = order[torch.randperm(len(order), generator=torch.Generator().manual_seed(config.seed)).numpy()]
 
+    starts = list(range(0, len(order), size))
+    if len(starts) > 1 and len(order) - starts[-1] == 1:
+        starts.pop()  # a last batch of one crop joins the one before (BatchNorm cannot take it in train mode)
+    ends = starts[1:] + [len(order)]
+
     def batches():
-        for b in range(0, len(order), size):
-            x, m = crops.float_batch(torch.from_numpy(order[b : b + size]), device=device)
+        for b, e in zip(starts, ends):
+            x, m = crops.float_batch(torch.from_numpy(order[b:e]), device=device)
             if config.mask_background:
                 x = _mask_background(x, m, config.background_fill)
             yield x
@@ -595,6 +600,10 @@ def train(
         opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         gen = torch.Generator().manual_seed(config.seed)
         n_batches = math.ceil(len(train_idx) / config.batch_size)
+        # A last batch of one crop cannot train BatchNorm (one value per channel after global
+        # pooling): it joins the batch before it. Every other size keeps its batches.
+        if n_batches > 1 and len(train_idx) % config.batch_size == 1:
+            n_batches -= 1
         total = config.epochs * n_batches
         step = 0
         epoch_loss = []
@@ -606,7 +615,7 @@ def train(
             running, seen = 0.0, 0
             adv_running, adv_correct = 0.0, 0
             for b in range(n_batches):
-                idx = order[b * config.batch_size : (b + 1) * config.batch_size]
+                idx = order[b * config.batch_size : (b + 1) * config.batch_size if b < n_batches - 1 else len(order)]
                 x, m = crops.float_batch(idx)
                 if config.mask_background:
                     x = _mask_background(x, m, config.background_fill)

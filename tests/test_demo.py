@@ -11,7 +11,7 @@ from shortcutlab.demo import DemoConfig, leak_effects, run_demo
 
 
 def test_tiny_demo_writes_consistent_tables(tmp_path):
-    cfg = DemoConfig(fields_per_class=12, epochs=1, crop_size=16, seeds=(0,), progress=False)
+    cfg = DemoConfig(fields_per_class=12, epochs=1, crop_size=16, seeds=(0,), progress=False, interventions=(), diagnostics=(), report=False)
     summary = run_demo(str(tmp_path), cfg)
     results = pd.read_csv(tmp_path / "results.csv")
     assert len(results) == 8  # 4 cells x (planted, none)
@@ -84,7 +84,7 @@ def test_effects_and_summary_match_hand_computed_values(tmp_path, monkeypatch):
     import shortcutlab.demo as demo
 
     monkeypatch.setattr(demo, "run_condition", _fake_rows)
-    summary = run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False))
+    summary = run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False, report=False))
     effects = pd.read_csv(tmp_path / "effects.csv").set_index(["condition", "diversity"])
     # color: high 0.75 - 0.60, low 0.70 - 0.65; none: high 0.50 - 0.55, low 0.62 - 0.60
     assert effects.loc[("color", "high"), "leak_effect"] == pytest.approx(0.15)
@@ -119,7 +119,7 @@ def test_a_failed_write_leaves_complete_tables_or_none(tmp_path, monkeypatch):
     # Writing results.csv after the second condition fails: the first condition's table stays.
     fail_at = 2
     with pytest.raises(OSError, match="No space left"):
-        run_demo(str(tmp_path / "a"), DemoConfig(mechanisms=("color",), progress=False))
+        run_demo(str(tmp_path / "a"), DemoConfig(mechanisms=("color",), progress=False, report=False))
     kept = pd.read_csv(tmp_path / "a" / "results.csv")
     assert set(kept["condition"]) == {"color"} and len(kept) == 4
     assert sorted(os.listdir(tmp_path / "a")) == ["results.csv"]
@@ -127,7 +127,7 @@ def test_a_failed_write_leaves_complete_tables_or_none(tmp_path, monkeypatch):
     calls.clear()
     fail_at = 3
     with pytest.raises(OSError, match="No space left"):
-        run_demo(str(tmp_path / "b"), DemoConfig(mechanisms=("color",), progress=False))
+        run_demo(str(tmp_path / "b"), DemoConfig(mechanisms=("color",), progress=False, report=False))
     assert sorted(os.listdir(tmp_path / "b")) == ["results.csv"]
     assert len(pd.read_csv(tmp_path / "b" / "results.csv")) == 8
 
@@ -142,7 +142,7 @@ def test_a_failed_summary_leaves_no_effects_table(tmp_path, monkeypatch):
 
     monkeypatch.setattr(demo, "write_json", failing_write_json)
     with pytest.raises(OSError):
-        run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False))
+        run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False, report=False))
     assert sorted(os.listdir(tmp_path)) == ["results.csv"]
 
 
@@ -155,7 +155,7 @@ def test_the_demo_sweep_trains_exactly_what_a_direct_train_call_trains(tmp_path)
     from shortcutlab.splits import factorial_split
     from shortcutlab.synth import SynthConfig, synthesize
 
-    cfg = DemoConfig(fields_per_class=8, epochs=1, crop_size=16, seeds=(3,), progress=False)
+    cfg = DemoConfig(fields_per_class=8, epochs=1, crop_size=16, seeds=(3,), progress=False, interventions=(), diagnostics=(), report=False)
     rows = run_condition(("color",), 3, cfg, str(tmp_path / "demo"))
     bench = synthesize(SynthConfig(seed=3, n_classes=3, fields_per_class=8, mean_cells_per_field=6.0, crop_size=16, field_size=64,
                                    mechanisms=("color",), strength=1.0, class_signal=0.6))
@@ -170,3 +170,55 @@ def test_the_demo_sweep_trains_exactly_what_a_direct_train_call_trains(tmp_path)
     direct = pd.read_csv(tmp_path / "direct" / "logits.csv")
     swept = pd.read_csv(tmp_path / "demo" / "color_seed3" / "clean-low" / "logits.csv")
     pd.testing.assert_frame_equal(swept, direct)
+
+
+@pytest.mark.slow
+def test_the_quick_demo_path_ends_in_a_report_whose_numbers_match_the_predictions(tmp_path):
+    """`demo --quick`'s code path on a smaller benchmark: per-factorial sweeps, the gathering
+    sweep, the report. The report's leak and the demo's accuracies are recomputed by hand from
+    the gathered predictions."""
+    import html.parser
+
+    cfg = DemoConfig.quick(fields_per_class=10, crop_size=16, epochs=1, seeds=(0, 1), progress=False, n_boot=200)
+    summary = run_demo(str(tmp_path), cfg)
+    html_path = tmp_path / "report" / "report.html"
+    assert summary["report"] == str(html_path) and html_path.exists()
+    html.parser.HTMLParser().feed(html_path.read_text())  # parses
+    text = html_path.read_text()
+    assert "Reinhard transfer to an unseen field" in text and text.count("data:image/png;base64,") >= 4
+    pred = pd.read_parquet(tmp_path / "sweep" / "predictions.parquet")
+    assert set(pred["condition"]) == {"color", "none"} and set(pred["seed"]) == {0, 1}
+    assert set(pred["cell"]) == {"leak-high", "clean-high"}
+    # every test crop of every model is scored under the unseen-field transfer
+    per = pred.groupby(["model", "intervention"]).size().unstack()
+    assert (per["reinhard_unseen_field"] == per["none"]).all()
+    # results.csv (from the train tasks' logits) agrees with the score tasks' predictions
+    results = pd.read_csv(tmp_path / "results.csv")
+    plain = pred[pred["intervention"] == "none"]
+    acc = plain.groupby(["condition", "seed", "cell"])["correct"].mean()
+    for r in results.itertuples():
+        assert r.test_accuracy == pytest.approx(acc[(r.condition, r.seed, r.cell)], abs=1e-12)
+    # the report's leak estimate = mean correct of leak minus clean over all (seed, crop)
+    est = pd.read_csv(tmp_path / "report" / "estimates.csv")
+    for cond, g in plain.groupby("condition"):
+        hand = g[g["exposure"] == "leak"]["correct"].mean() - g[g["exposure"] == "clean"]["correct"].mean()
+        row = est[(est["estimand"] == "leak") & (est["condition"] == cond) & (est["arch"] == "test_resnet")
+                  & (est["intervention"] == "none")]
+        assert len(row) == 1 and row["estimate"].iloc[0] == pytest.approx(hand, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_demo_quick_itself_shows_the_planted_leak_and_its_remover(tmp_path, capsys):
+    """The README's first command, `shortcutlab demo --quick` (16 models; 43 s on 2 cores):
+    the colour leak's interval excludes zero, the unseen-field Reinhard transfer's cut of it
+    is above zero, and under `none` the interval holds zero."""
+    from shortcutlab.cli import main
+
+    assert main(["demo", "--quick", "--out", str(tmp_path), "--quiet"]) == 0
+    html_path = tmp_path / "report" / "report.html"
+    assert f"report: {html_path}" in capsys.readouterr().out
+    est = pd.read_csv(tmp_path / "report" / "estimates.csv")
+    rows = est[(est["arch"] == "test_resnet") & (est["diversity"] == "high")].set_index(["estimand", "condition", "intervention"])
+    assert rows.loc[("leak", "color", "none"), "ci_low"] > 0
+    assert rows.loc[("leak_cut", "color", "reinhard_unseen_field"), "ci_low"] > 0
+    assert rows.loc[("leak", "none", "none"), "ci_low"] < 0 < rows.loc[("leak", "none", "none"), "ci_high"]

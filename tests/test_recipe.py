@@ -594,3 +594,23 @@ def test_empty_masks_are_counted_warned_and_recorded(tmp_path):
     rec = train(man, str(tmp_path / "split.csv"), str(tmp_path / "c"), TrainConfig(**FAST), progress=False)
     assert rec.empty_masks is None
 
+
+
+def test_a_last_batch_of_one_crop_joins_the_batch_before_it(tmp_path, tiny, monkeypatch):
+    """24 training crops: batch 23 used to leave a batch of one, which BatchNorm cannot train
+    on (it raised); it now joins the first batch (one step of 24 per epoch). Batch 22 keeps
+    its two batches (22 + 2)."""
+    man, split = tiny
+    steps = []
+    real = torch.optim.AdamW.step
+
+    def counting(self, *a, **kw):
+        steps.append(1)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting)
+    rec = train(man, split, str(tmp_path / "a"), TrainConfig(arch="test_resnet", epochs=2, batch_size=23, precise_bn=True), progress=False)
+    assert rec.n_crops["train"] == 24 and len(steps) == 2 * 1
+    steps.clear()
+    train(man, split, str(tmp_path / "b"), TrainConfig(arch="test_resnet", epochs=2, batch_size=22), progress=False)
+    assert len(steps) == 2 * 2

@@ -244,3 +244,24 @@ def test_a_list_of_protocols_gives_each_its_own_parameters():
     assert sorted((m["protocol"], m["split_setting"]) for m in plan.models) == [
         ("crop", "test_fraction=0.2"), ("crop", "test_fraction=0.3"), ("parent", "test_fraction=0.2,unit=parent"),
         ("parent", "test_fraction=0.3,unit=parent")]
+
+
+def test_one_strengths_mapping_gives_each_condition_its_own_mechanisms_strength():
+    """`strengths` names mechanisms of several single-mechanism conditions; each benchmark
+    plants its own at strength x multiplier (SynthConfig.effective_strengths), `none` none."""
+    from shortcutlab.synth import SynthConfig
+
+    cfg = validate(_with("data.synthetic", {"mechanisms": ["color", "illumination", "none"], "strength": 0.5,
+                                             "strengths": {"color": 2.0, "illumination": 3.0}, "fields_per_class": 8}))
+    got = {c.name: {k: v for k, v in SynthConfig.from_dict({**c.params, "seed": 0}).effective_strengths.items() if v}
+           for c in cfg.conditions}
+    assert got == {"color": {"color": 1.0}, "illumination": {"illumination": 1.5}, "none": {}}
+    with pytest.raises(SweepConfigError, match=r"data\.synthetic\.strengths\.focus: 'focus' is planted in no condition"):
+        validate(_with("data.synthetic", {"mechanisms": ["color", "none"], "strengths": {"focus": 2.0}}))
+
+
+def test_the_validity_example_plants_one_mechanism_per_condition_and_reserves_fields():
+    cfg = load_config(os.path.join(os.path.dirname(EXAMPLE), "validity.yaml"))
+    assert [c.name for c in cfg.conditions] == ["color", "background", "illumination", "focus", "noise", "none"]
+    assert all(p["reserve_parent_share"] > 0 for p in cfg.split_params)
+    assert "reinhard_unseen_field" in [n for _, n, _ in cfg.interventions]

@@ -229,6 +229,7 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepCo
     cells = _cells(ck, raw.get("cells"), protocols, split_params)
     has_masks = all(c.kind == "synthetic" or c.params.get("mask") for c in conditions)
     ivs = _interventions(ck, raw.get("interventions"), has_masks)
+    _check_unseen_fields(ck, ivs, split_params)
     diags, dparams = _diagnostics(ck, raw.get("diagnostics"))
     return SweepConfig(conditions=conditions, protocols=protocols, split_params=split_params, seeds=seeds, models=models,
                        cells=cells, interventions=ivs, diagnostics=diags, diagnostic_params=dparams, device=device,
@@ -286,9 +287,19 @@ def _synthetic(ck: _Checker, value: Any) -> tuple[Condition, ...]:
     grid = expand(s)
     varying = sorted(k for k in s if len(_grid_values(k, s[k])) > 1)
     conditions = []
+    strengths = s.get("strengths")
+    if isinstance(strengths, Mapping):
+        planted = {part.strip().lower() for names in mechanism_sets for n in names for part in n.split(",")}
+        for k in strengths:
+            if str(k).lower() not in planted:
+                raise ck.error(f"data.synthetic.strengths.{k}", f"{k!r} is planted in no condition (mechanisms: {', '.join(sorted(planted))})")
     for names in mechanism_sets:
         for point in grid:
             params = {"mechanisms": list(names), **point}
+            if isinstance(point.get("strengths"), Mapping):
+                # one mapping for every condition: each condition takes the entries of its own mechanisms
+                own = {part.strip().lower() for n in names for part in n.split(",")}
+                params["strengths"] = {k: v for k, v in point["strengths"].items() if str(k).lower() in own}
             try:
                 cfg = SynthConfig(**params)
             except ShortcutlabError as e:
@@ -670,6 +681,24 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
     if dup:
         raise ck.error("interventions.names", f"intervention setting {dup[0]!r} is listed twice")
     return tuple(out)
+
+
+def _check_unseen_fields(ck: _Checker, ivs, split_params) -> None:
+    """`reinhard_unseen_field` draws each test crop's target from a field no cell trained on
+    (F2): only a factorial with ``reserve_parent_share > 0`` is sure to leave such fields, so
+    every split setting of the sweep must be one."""
+    where = [i for i, (_, n, _) in enumerate(ivs) if n == "reinhard_unseen_field"]
+    if not where:
+        return
+    for sp in split_params:
+        protocol = sp.get("protocol", "factorial")
+        if protocol != "factorial":
+            raise ck.error("interventions.names", f"'reinhard_unseen_field' needs fields no model trained on; the {protocol!r} split "
+                           "leaves none: use split.protocol factorial with params.reserve_parent_share > 0 (e.g. 0.2)")
+        share = sp.get("reserve_parent_share") or 0
+        if not share > 0:
+            raise ck.error("split.params.reserve_parent_share", f"'reinhard_unseen_field' needs fields no model trained on; got "
+                           f"reserve_parent_share {share!r}: give a share > 0 (e.g. 0.2) to keep fields out of every cell")
 
 
 def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:
