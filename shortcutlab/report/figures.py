@@ -8,6 +8,7 @@ sentence starting "Left out because", and no figure. Figures are drawn with the 
 from __future__ import annotations
 
 import io
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 
@@ -347,7 +348,8 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
                 ax.contour(mk[i], levels=[0.5], colors="white", linewidths=0.6)
     names = [c[0] for c in columns] + [c[0] for c in cams]
     for j, name in enumerate(names):
-        axes[0][j].set_title(name, fontsize=6)
+        # wrapped to the panel's width: long intervention names overlapped their neighbours
+        axes[0][j].set_title(textwrap.fill(name, 16), fontsize=6)
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])
