@@ -438,23 +438,45 @@ def cmd_litmus(args) -> int:
 
 
 def cmd_control(args) -> int:
-    from .control import deleted_signal_control
+    import warnings
+
+    from .control import ControlWarning, deleted_signal_control
     from .data import load_crops
     from .io import atomic_files, to_json
     from .litmus import check_split_sides
+    from .synth import ALL_CELLS_COLUMN
 
     cfg = _retrain_config(args)
     if args.delete == "cell" and args.dilate < 0:
         raise ShortcutlabError(f"--dilate takes a whole number of pixels >= 0; got {args.dilate}")
+    note = None
+    if args.mask is None:  # the all-cells masks where the manifest has them
+        args.mask = "mask"
+        if args.delete == "cell" and os.path.isfile(args.manifest):
+            import pandas as pd
+
+            try:
+                columns = set(pd.read_csv(args.manifest, nrows=0).columns)
+            except (ValueError, UnicodeDecodeError):
+                columns = set()  # the table reader names the problem
+            if ALL_CELLS_COLUMN in columns:
+                args.mask = ALL_CELLS_COLUMN
+                note = f"masks: column {ALL_CELLS_COLUMN!r} (every cell in the crop; --mask mask deletes the centred cell only)"
     table, split = _retrain_inputs(args)
     if args.delete == "cell" and "mask" not in table.frame.columns:
         raise ShortcutlabError(f"--delete cell needs cell masks, but crop manifest {args.manifest!r} has no mask column {args.mask!r} (--mask COL); or use --delete labels")
+    if note:
+        print(note)
     crops = load_crops(table)
     check_split_sides(crops, split, args.cell, "the deleted-signal control")
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("control.csv", "control.json")])
-    res = deleted_signal_control(crops, split, delete=args.delete, config=cfg, cell=args.cell, fill=args.fill, dilate=args.dilate,
-                                 seed=args.control_seed, progress=not args.quiet)
-    how = f"cell deleted (fill {args.fill}, dilated {args.dilate} px)" if args.delete == "cell" else "labels permuted within parent"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ControlWarning)  # printed below, from the result's notes
+        res = deleted_signal_control(crops, split, delete=args.delete, config=cfg, cell=args.cell, fill=args.fill, dilate=args.dilate,
+                                     seed=args.control_seed, progress=not args.quiet, mask_name=args.mask if args.delete == "cell" else None)
+    for n in res.notes:
+        print(f"{'note' if args.delete == 'labels' else 'warning'}: {n}")
+    how = f"cells deleted (mask column {args.mask!r}, fill {args.fill}, dilated {args.dilate} px)" if args.delete == "cell" else "labels permuted within parent"
     print(f"deleted-signal control: {how}; {cfg.arch} retrained under the given split and a parent split; chance = {res.chance_rule}")
     for r in res.rows:
         print(_score_line(f"{r['split']} ({r['protocol']})", r))
@@ -788,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default="cpu", help="where the example crops' models run")
     r.set_defaults(func=cmd_report)
 
-    def retrain_options(p, outputs):
+    def retrain_options(p, outputs, mask_help="manifest column (default mask)"):
         p.add_argument("manifest", help="crop manifest CSV (id, path, mask, label, parent; as written by `shortcutlab synth`)")
         p.add_argument("split", help="split manifest CSV from `shortcutlab split`")
         p.add_argument("--out", required=True, metavar="DIR", help=f"folder for {outputs}")
@@ -802,8 +824,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--precise-bn", action="store_true", help="recompute BatchNorm statistics on the training crops before scoring")
         p.add_argument("--device", default="cpu")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
-        for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent"), ("--image", "path"), ("--mask", "mask")):
+        for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent"), ("--image", "path")):
             p.add_argument(flag, default=default, help=f"manifest column (default {default})")
+        p.add_argument("--mask", default="mask", help=mask_help)
 
     lt = sub.add_parser("litmus", help="reference 004's corner-patch test: train on one fixed patch per position, accuracy against chance")
     retrain_options(lt, "litmus.csv and litmus.json")
@@ -812,7 +835,10 @@ def build_parser() -> argparse.ArgumentParser:
     lt.set_defaults(func=cmd_litmus)
 
     c = sub.add_parser("control", help="reference 003's deleted-signal control: retrain without the cell (or with labels permuted within parent) under the split and a parent split")
-    retrain_options(c, "control.csv and control.json")
+    retrain_options(c, "control.csv and control.json",
+                    mask_help="mask column of the cells to delete; it should cover every cell in the crop (default: all_cells_mask "
+                              "where the manifest has it, as `shortcutlab synth` writes, else mask)")
+    c.set_defaults(mask=None)
     c.add_argument("--delete", required=True, choices=("cell", "labels"), help="cell: remove the cell under its mask; labels: permute the classes within each parent")
     c.add_argument("--fill", default="noise", choices=("noise", "mean", "constant"),
                    help="--delete cell: what replaces the cell: the crop's background mean and grain (default), its mean colour, or the recipe's grey")

@@ -11,7 +11,7 @@ stays above chance when the acquisition is recognisable; the parent split should
 
 Two ways to delete the signal:
 
-- ``delete="cell"``: every crop's cell is removed, in training and scoring: the pixels under
+- ``delete="cell"``: every crop's cells are removed, in training and scoring: the pixels under
   the cell mask (grown by ``dilate`` pixels) get the fill, the background is kept
   (`delete_cell`, the inverse of the recipe's ``mask_background``). ``fill="constant"`` paints
   the recipe's ``background_fill`` grey, which leaves the cell's silhouette; ``fill="mean"``
@@ -21,7 +21,14 @@ Two ways to delete the signal:
   background's grain too. The silhouette's size and outline are cell morphology: on the
   synthetic benchmark a grey silhouette kept the class under a parent split (0.55-0.63
   against chance 0.33, README), so the defaults are ``fill="noise"``, ``dilate=2`` (the
-  anti-aliased rim of a synthetic cell lies outside its mask).
+  anti-aliased rim of a synthetic cell lies outside its mask). The mask must cover EVERY cell
+  in the crop, not only the centred one: the neighbours a crop cuts out of its field share,
+  in single-class fields, the crop's class, and a mask of the centred cell alone left them
+  (on the synthetic benchmark 39% of 32 px crops hold parts of other cells; the control
+  scored 0.51 / 0.45 against chance 0.33 under a crop / parent split without any planted
+  signature, README). The synthetic benchmark gives such masks (`SynthData.all_cells`,
+  manifest column ``all_cells_mask``); masks that look like one centred cell per crop
+  (`centred_single_cell_share`) get a warning and a note.
 - ``delete="labels"``: labels permuted within parent (`permute_labels_within_parent`): each
   parent draws its own random permutation of the class names and every crop of that parent is
   relabelled through it. Reference 003 randomises "the features that legitimately carry the
@@ -57,6 +64,44 @@ from .table import CropTable
 
 DELETIONS: tuple[str, ...] = ("cell", "labels")
 FILLS: tuple[str, ...] = ("constant", "mean", "noise")
+
+
+class ControlWarning(UserWarning):
+    """A deleted-signal control that runs but may not delete what it should (recorded in its notes)."""
+
+
+SINGLE_CELL_WARN_SHARE = 0.95
+"""`deleted_signal_control` warns when at least this share of the masks is one centred cell."""
+
+
+def centred_single_cell_share(masks: torch.Tensor) -> float:
+    """Share of crops whose mask is exactly one 8-connected region that holds the crop's centre
+    (one of the 2 x 2 central pixels for an even side): what a mask of the centred cell alone
+    looks like. A mask of every cell in the crop is that only in crops holding no other cell.
+
+    Args:
+        masks: (N, 1, H, W) bool or 0/1 masks.
+
+    Returns:
+        The share in [0, 1] (nan for N = 0).
+    """
+    from scipy import ndimage
+
+    m = masks.detach().to("cpu").numpy()[:, 0] > 0.5
+    n, h, w = m.shape
+    if n == 0:
+        return float("nan")
+    structure = np.zeros((3, 3, 3), dtype=bool)
+    structure[1] = True  # 8-connected within a crop, never across crops
+    lab, _ = ndimage.label(m, structure=structure)
+    # Labels are numbered in scan order, so a crop's regions hold a contiguous range of labels.
+    flat = lab.reshape(n, -1)
+    top = flat.max(axis=1)
+    low = np.where(flat > 0, flat, np.iinfo(flat.dtype).max).min(axis=1)
+    regions = np.where(top > 0, top - low + 1, 0)
+    ys, xs = sorted({(h - 1) // 2, h // 2}), sorted({(w - 1) // 2, w // 2})
+    centre = m[:, ys][:, :, xs].reshape(n, -1).any(axis=1)
+    return float(np.mean((regions == 1) & centre))
 
 
 def delete_cell(x: torch.Tensor, mask: torch.Tensor, fill: Literal["constant", "mean", "noise"] = "constant", value: float = 0.5,
@@ -190,7 +235,7 @@ class ControlResult:
 def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Literal["cell", "labels"] = "cell",
                            config: TrainConfig = TrainConfig(), cell: str | None = None, fill: str = "noise",
                            dilate: int = 2, seed: int | None = None, reference: SplitManifest | None = None,
-                           progress: bool = False) -> ControlResult:
+                           progress: bool = False, masks: torch.Tensor | None = None, mask_name: str | None = None) -> ControlResult:
     """Retrain with the label signal deleted under the given split and a parent split.
 
     Args:
@@ -206,6 +251,10 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
             the given split's seed, else 0).
         reference: the parent split to compare with (default: `reference_split`).
         progress: tqdm bars.
+        masks: (N, 1, H, W) masks of the cells to delete, in the rows of `crops` (default:
+            ``crops.masks``); they should cover every cell in the crop (for the synthetic
+            benchmark, `SynthData.all_cells`).
+        mask_name: where the masks come from (a manifest column), recorded in the settings.
 
     Returns:
         A `ControlResult`.
@@ -218,9 +267,23 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
     if seed is None:
         s = split.params.get("seed", 0)
         seed = s if isinstance(s, int) else 0
+    notes = []
+    if delete == "cell" and masks is not None:
+        want = (len(crops.images), 1, *crops.images.shape[2:])
+        if not isinstance(masks, torch.Tensor) or tuple(masks.shape) != want:
+            got = tuple(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
+            raise LitmusError(f"masks= must be a tensor of shape {want} (one mask per crop, in the crops' rows); got {got}")
+        crops = CropImages(crops.images, masks, crops.table)
     if delete == "cell":
         if crops.masks is None:
             raise LitmusError("--delete cell needs cell masks, but the crop manifest has no mask column (--mask COL); or use --delete labels")
+        single = centred_single_cell_share(crops.masks)
+        if single >= SINGLE_CELL_WARN_SHARE:
+            msg = (f"the masks{f' ({mask_name})' if mask_name else ''} look like one centred cell per crop in {100 * single:.1f}% of crops: "
+                   "other cells in a crop are not deleted and can carry the class (on the synthetic benchmark they do); "
+                   "give --delete cell a mask of every cell in the crop (synthetic benchmark: column all_cells_mask)")
+            warnings.warn(msg, ControlWarning, stacklevel=2)
+            notes.append(msg)
         if config.mask_background:
             raise LitmusError("--delete cell cannot be combined with --mask-background: the crops would hold nothing but the fill")
         value = config.background_fill
@@ -240,8 +303,7 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
     settings = {"delete": delete, "seed": seed, "cell": cell, "given_split": {"protocol": split.protocol, "params": split.params, "sha256": split.hash},
                 "reference_split": {"protocol": ref.protocol, "params": ref.params, "sha256": ref.hash}}
     if delete == "cell":
-        settings.update(fill=fill, dilate=dilate, value=config.background_fill)
-    notes = []
+        settings.update(fill=fill, dilate=dilate, value=config.background_fill, mask=mask_name, mask_single_centred_share=single)
     if delete == "labels":
         notes.append("labels permuted within parent: every parent's crops relabelled through that parent's own random permutation of the classes")
     return ControlResult(rows=rows, delete=delete, config=asdict(config), settings=settings, notes=notes)

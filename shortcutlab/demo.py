@@ -101,11 +101,15 @@ class DemoConfig:
         return replace(base, **changes)
 
 
-def _crops_from_synth(data, source: str = "synthetic benchmark") -> CropImages:
-    """Align in-memory synthetic crops with the (id-sorted) CropTable rows."""
+def _crops_from_synth(data, source: str = "synthetic benchmark", all_cells: bool = False) -> CropImages:
+    """Align in-memory synthetic crops with the (id-sorted) CropTable rows; masks: the centred
+    cell's, or with `all_cells` every cell's in the crop (`SynthData.all_cells`)."""
     table = CropTable.from_frame(data.table, id="id", label="label", parent="parent", box="x,y,w,h", source=source)
     order = torch.from_numpy(pd.Index(data.table["id"].astype(str)).get_indexer(table.ids))
-    return CropImages(data.images[order], data.masks[order], table)
+    masks = data.all_cells if all_cells else data.masks
+    if masks is None:
+        raise ValueError("this SynthData has no all-cells masks (all_cells is None)")
+    return CropImages(data.images[order], masks[order], table)
 
 
 def sweep_config(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig) -> dict:

@@ -90,6 +90,8 @@ MECHANISMS: tuple[str, ...] = ("color", "illumination", "background", "focus", "
 """Acquisition mechanisms, in the order their parameters are drawn and applied."""
 
 NONE = "none"
+ALL_CELLS_COLUMN = "all_cells_mask"
+"""Manifest column of the all-cells masks (`SynthData.all_cells`), written by `write_synth`."""
 FORMAT = "shortcutlab-synth"
 FORMAT_VERSION = 1
 _REFERENCE_CROP = 64  # pixel sizes in this module are for 64 px crops
@@ -789,6 +791,12 @@ class SynthData:
         config: the generating `SynthConfig`.
         cells: planted per-cell morphology, aligned with `table`: id, cx, cy (centre in field
             pixels) and the seven features (``log_cell_radius`` in 64-px-crop pixels, ...).
+        all_cells: (N, 1, crop_size, crop_size) bool or None; every cell's pixels in the crop:
+            the union of all the field's cell masks (coverage > 0.5, as `masks`) cut at the
+            crop's box, so it holds `masks` plus the neighbouring cells, whole or cut by the
+            crop's edge. This is the mask a deleted-signal control needs (`shortcutlab
+            control --delete cell`): deleting only the centred cell leaves neighbours that, in
+            single-class fields, carry the class.
     """
 
     images: torch.Tensor
@@ -797,6 +805,7 @@ class SynthData:
     fields: list
     config: SynthConfig
     cells: pd.DataFrame | None = None
+    all_cells: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -873,17 +882,19 @@ def synthesize(config: SynthConfig | None = None, *, workers: int | None = None)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     images = np.empty((N, 3, c, c), dtype=np.uint8)
     masks = np.zeros((N, c, c), dtype=bool)
+    all_cells = np.empty((N, c, c), dtype=bool)
     sheet = _texture_sheet(config)
 
     def work(chunk: Sequence[_FieldPlan]) -> None:
         for plan, layers in zip(chunk, _cell_layers(config, chunk, sheet)):
-            rgb, _ = _render_field(config, plan, layers)
+            rgb, labels = _render_field(config, plan, layers, want_labels=True)  # the label map leaves the pixels alone
             o = offsets[plan.index]
             for j, (hs, cover, _, _) in enumerate(layers):
                 x0, y0 = int(plan.cx[j]) - c // 2, int(plan.cy[j]) - c // 2
                 images[o + j] = rgb[:, y0 : y0 + c, x0 : x0 + c]
                 lo = c // 2 - hs
                 masks[o + j, lo : lo + 2 * hs + 1, lo : lo + 2 * hs + 1] = cover > 0.5
+                all_cells[o + j] = labels[y0 : y0 + c, x0 : x0 + c] > 0
 
     _run(work, [plans[i : i + _CHUNK] for i in range(0, len(plans), _CHUNK)], workers)
 
@@ -909,6 +920,7 @@ def synthesize(config: SynthConfig | None = None, *, workers: int | None = None)
         fields=[_field_dict(config, p, fname.format(p.index)) for p in plans],
         config=config,
         cells=cells,
+        all_cells=torch.from_numpy(all_cells[:, None]),
     )
 
 
@@ -1060,10 +1072,12 @@ def _json_document(data: SynthData) -> dict:
 def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: int = 0, workers: int | None = None) -> dict[str, str]:
     """Write a benchmark to a folder.
 
-    Layout: ``crops/<id>.png`` (RGB), ``masks/<id>.png`` (8-bit, 0 or 255), ``manifest.csv``
-    (id, path, mask, label, parent, x, y, w, h; `path` and `mask` are relative to the folder
-    holding manifest.csv), ``cells.csv`` (planted morphology per crop) and ``synth.json`` (every
-    generating parameter, class means and each field's signature). The same data gives
+    Layout: ``crops/<id>.png`` (RGB), ``masks/<id>.png`` (8-bit, 0 or 255; the centred cell),
+    ``all_cells_masks/<id>.png`` (every cell in the crop, `SynthData.all_cells`; when the data
+    has them), ``manifest.csv`` (id, path, mask, label, parent, x, y, w, h, then
+    all_cells_mask; the paths are relative to the folder holding manifest.csv), ``cells.csv``
+    (planted morphology per crop) and ``synth.json`` (every generating parameter, class means
+    and each field's signature). The same data gives
     byte-identical files. A folder holding an earlier benchmark (synth.json) is replaced whole;
     any other non-empty folder is refused.
 
@@ -1080,7 +1094,7 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
         workers: threads encoding PNGs (default: up to 4, one per CPU).
 
     Returns:
-        Paths: out_dir, manifest, json, cells, crops, masks.
+        Paths: out_dir, manifest, json, cells, crops, masks, all_cells_masks.
 
     Raises:
         SynthError: `out_dir` is a file, a non-empty folder without synth.json, or holds the
@@ -1119,6 +1133,7 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
         "cells": os.path.join(out, "cells.csv"),
         "crops": os.path.join(out, "crops"),
         "masks": os.path.join(out, "masks"),
+        "all_cells_masks": os.path.join(out, "all_cells_masks"),
     }
 
 
@@ -1127,6 +1142,9 @@ def _write_files(data: SynthData, out: str, compress_level: int, workers: int) -
     crops_dir, masks_dir = os.path.join(out, "crops"), os.path.join(out, "masks")
     os.makedirs(crops_dir)
     os.makedirs(masks_dir)
+    all_dir = os.path.join(out, "all_cells_masks")
+    if data.all_cells is not None:
+        os.makedirs(all_dir)
 
     ids = data.table["id"].tolist()
     mask_level = max(compress_level, 1)  # masks deflate to a few hundred bytes, quickly
@@ -1139,6 +1157,10 @@ def _write_files(data: SynthData, out: str, compress_level: int, workers: int) -
         for k, i in enumerate(range(start, stop)):
             _write_bytes(os.path.join(crops_dir, ids[i] + ".png"), _png(rows[k], 3, compress_level))
             _write_bytes(os.path.join(masks_dir, ids[i] + ".png"), _png(mrows[k], 1, mask_level))
+        if data.all_cells is not None:
+            arows = _png_rows(data.all_cells[start:stop, 0].numpy().view(np.uint8) * np.uint8(255), mask_level)
+            for k, i in enumerate(range(start, stop)):
+                _write_bytes(os.path.join(all_dir, ids[i] + ".png"), _png(arows[k], 1, mask_level))
 
     _run(work, range(0, len(ids), step), workers)
 
@@ -1153,6 +1175,8 @@ def _write_files(data: SynthData, out: str, compress_level: int, workers: int) -
             "x": t["x"], "y": t["y"], "w": t["w"], "h": t["h"],
         }
     )
+    if data.all_cells is not None:  # last, so the earlier columns read as before
+        manifest[ALL_CELLS_COLUMN] = ["all_cells_masks/" + i + ".png" for i in ids]
     manifest.to_csv(os.path.join(out, "manifest.csv"), index=False, lineterminator="\n")
     if data.cells is not None:
         data.cells.to_csv(os.path.join(out, "cells.csv"), index=False, lineterminator="\n")
@@ -1178,7 +1202,9 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
     if doc.get("format") != FORMAT:
         raise SynthError(f"{jpath!r} is not a shortcutlab synthetic benchmark (format {doc.get('format')!r})")
     config = SynthConfig.from_dict(doc["config"])
-    man = pd.read_csv(mpath, dtype={"id": str, "label": str, "parent": str, "path": str, "mask": str}, keep_default_na=False)
+    man = pd.read_csv(mpath, dtype={"id": str, "label": str, "parent": str, "path": str, "mask": str, ALL_CELLS_COLUMN: str},
+                      keep_default_na=False)
+    has_all = ALL_CELLS_COLUMN in man.columns
     c = config.crop_size
 
     def read(i: int):
@@ -1188,14 +1214,23 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
             msk = np.asarray(im.convert("L")) > 127
         if img.shape != (c, c, 3) or msk.shape != (c, c):
             raise SynthError(f"crop {man['id'].iat[i]!r} is {img.shape[1]}x{img.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
-        return img, msk
+        alm = None
+        if has_all:
+            with Image.open(os.path.join(out, man[ALL_CELLS_COLUMN].iat[i])) as im:
+                alm = np.asarray(im.convert("L")) > 127
+            if alm.shape != (c, c):
+                raise SynthError(f"all-cells mask of crop {man['id'].iat[i]!r} is {alm.shape[1]}x{alm.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
+        return img, msk, alm
 
     n = len(man)
     images = np.empty((n, c, c, 3), dtype=np.uint8)
     masks = np.empty((n, c, c), dtype=bool)
+    all_cells = np.empty((n, c, c), dtype=bool) if has_all else None
 
     def work(i: int) -> None:
-        images[i], masks[i] = read(i)
+        images[i], masks[i], alm = read(i)
+        if has_all:
+            all_cells[i] = alm
 
     workers = _workers(workers)
     if workers > 1:
@@ -1214,4 +1249,5 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
         fields=doc["fields"],
         config=config,
         cells=cells,
+        all_cells=None if all_cells is None else torch.from_numpy(all_cells[:, None]),
     )

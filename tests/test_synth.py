@@ -108,7 +108,7 @@ def test_other_crop_sizes_render_whole_cells(crop):
 # ---------------------------------------------------------------------- determinism
 def test_same_seed_same_tensors_other_seed_differs(small):
     again = synthesize(SynthConfig(**SMALL), workers=1)
-    assert torch.equal(again.images, small.images) and torch.equal(again.masks, small.masks)
+    assert torch.equal(again.images, small.images) and torch.equal(again.masks, small.masks) and torch.equal(again.all_cells, small.all_cells)
     pd.testing.assert_frame_equal(again.table, small.table)
     assert again.fields == small.fields
     other = synthesize(SynthConfig(**{**SMALL, "seed": 2}))
@@ -119,7 +119,7 @@ def test_same_seed_gives_byte_identical_files(written, tmp_path):
     data, paths = written
     again = write_synth(synthesize(SynthConfig(**SMALL)), tmp_path / "again")
     a, b = _files(paths["out_dir"]), _files(again["out_dir"])
-    assert set(a) == set(b) and len(a) == 2 * len(data) + 3
+    assert set(a) == set(b) and len(a) == 3 * len(data) + 3  # crop, mask, all-cells mask per crop; 3 files
     assert all(a[k] == b[k] for k in a)
     doc = json.loads(a["synth.json"])
     assert not {"time", "date", "created", "timestamp"} & set(doc)
@@ -331,6 +331,45 @@ def test_siblings_overlap_and_render_field_is_the_same_pixels(small):
         assert r.cells[y + 16, x + 16] >= 1
 
 
+def test_all_cells_mask_is_the_union_of_the_fields_cells_cut_at_the_crop_box():
+    # Mixed fields, 6 cells per field on a tight 96 px field: many crops hold parts of neighbours.
+    cfg = SynthConfig(fields_per_class=3, crop_size=32, field_size=96, mean_cells_per_field=6, seed=4, mixed_fields=True, mechanisms="none")
+    d = synthesize(cfg, workers=1)
+    c, with_neighbours = cfg.crop_size, 0
+    for i in range(cfg.n_fields):
+        r = render_field(cfg, i)
+        t = d.table[d.table["parent"] == r.field["id"]]
+        # Second route, not through the label map: every sibling's own (centred) mask pasted
+        # into field coordinates at its box.
+        union = np.zeros(r.cells.shape, dtype=bool)
+        for k, row in t.iterrows():
+            union[row.y : row.y + c, row.x : row.x + c] |= d.masks[k, 0].numpy()
+        for k, row in t.iterrows():
+            got = d.all_cells[k, 0].numpy()
+            assert np.array_equal(got, (r.cells[row.y : row.y + c, row.x : row.x + c] > 0).numpy()), row.id
+            assert np.array_equal(got, union[row.y : row.y + c, row.x : row.x + c]), row.id
+            assert not (d.masks[k, 0].numpy() & ~got).any()  # it holds the crop's own cell
+            with_neighbours += int((got & ~d.masks[k, 0].numpy()).any())
+    assert with_neighbours > len(d) // 4  # the case is not vacuous
+
+
+def test_all_cells_masks_are_written_as_an_added_manifest_column_and_read_back(written):
+    data, paths = written
+    man = pd.read_csv(paths["manifest"])
+    # The earlier columns come first and unchanged; the new one is added last.
+    assert list(man.columns) == ["id", "path", "mask", "label", "parent", "x", "y", "w", "h", "all_cells_mask"]
+    assert (man["all_cells_mask"] == "all_cells_masks/" + man["id"] + ".png").all()
+    back = load_synth(paths["out_dir"])
+    assert torch.equal(back.all_cells, data.all_cells)
+    assert back.all_cells.sum() > back.masks.sum()  # neighbours are in it
+    from shortcutlab.recipe import load_manifest_table
+    from shortcutlab.data import load_crops
+
+    crops = load_crops(load_manifest_table(paths["manifest"], mask="all_cells_mask"))
+    order = pd.Index(data.table["id"]).get_indexer(crops.table.ids)
+    assert torch.equal(crops.masks, data.all_cells[order])
+
+
 # ---------------------------------------------------------------------- files and command line
 def test_manifest_loads_and_audit_runs(written, tmp_path, capsys):
     data, paths = written
@@ -434,10 +473,13 @@ def test_a_rewrite_leaves_no_file_of_the_earlier_benchmark(tmp_path):
     out = tmp_path / "b"
     write_synth(synthesize(SynthConfig(fields_per_class=2, crop_size=16, seed=1)), out)
     assert (out / "cells.csv").exists()
-    d = dataclasses.replace(synthesize(SynthConfig(fields_per_class=1, crop_size=16, seed=2)), cells=None)
+    d = dataclasses.replace(synthesize(SynthConfig(fields_per_class=1, crop_size=16, seed=2)), cells=None, all_cells=None)
     write_synth(d, out)
-    # A cells.csv of the earlier benchmark would describe crops the new manifest does not have.
+    # A cells.csv (or all-cells masks) of the earlier benchmark would describe crops the new
+    # manifest does not have.
     assert sorted(os.listdir(out)) == ["crops", "manifest.csv", "masks", "synth.json"]
+    assert list(pd.read_csv(out / "manifest.csv").columns) == ["id", "path", "mask", "label", "parent", "x", "y", "w", "h"]
+    assert load_synth(out).all_cells is None
     assert sorted(os.listdir(out / "crops")) == sorted(i + ".png" for i in d.table["id"])
     # The folder is as readable as one made with mkdir, not private like a temporary folder.
     (tmp_path / "plain").mkdir()
