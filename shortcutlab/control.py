@@ -277,6 +277,8 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
     if delete == "cell":
         if crops.masks is None:
             raise LitmusError("--delete cell needs cell masks, but the crop manifest has no mask column (--mask COL); or use --delete labels")
+        if config.mask_background:
+            raise LitmusError("--delete cell cannot be combined with --mask-background: the crops would hold nothing but the fill")
         single = centred_single_cell_share(crops.masks)
         if single >= SINGLE_CELL_WARN_SHARE:
             msg = (f"the masks{f' ({mask_name})' if mask_name else ''} look like one centred cell per crop in {100 * single:.1f}% of crops: "
@@ -284,8 +286,6 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
                    "give --delete cell a mask of every cell in the crop (synthetic benchmark: column all_cells_mask)")
             warnings.warn(msg, ControlWarning, stacklevel=2)
             notes.append(msg)
-        if config.mask_background:
-            raise LitmusError("--delete cell cannot be combined with --mask-background: the crops would hold nothing but the fill")
         value = config.background_fill
 
         def transform(x, m, index):

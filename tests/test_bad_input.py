@@ -1172,7 +1172,7 @@ def _litmus_inputs(tmp_path, sides=None, masks=True):
     paths = _synth16(str(tmp_path / "bench"))
     man = _pd.read_csv(paths["manifest"])
     if not masks:
-        man = man.drop(columns=["mask"])
+        man = man.drop(columns=["mask", "all_cells_mask"])
         man.to_csv(paths["manifest"], index=False)
     split = tmp_path / "split.csv"
     s = sides if sides is not None else ["test" if k % 3 == 0 else "train" for k in range(len(man))]
@@ -1207,6 +1207,7 @@ CONTROL_CLI_CASES = [
     ("cell-without-masks", lambda t: [*_litmus_inputs(t, masks=False), "--delete", "cell"], "needs cell masks"),
     ("split-without-test-side", lambda t: [*_litmus_inputs(t, sides="train"), "--delete", "labels"], "has no test crops"),
     ("negative-dilate", lambda t: [*_litmus_inputs(t), "--delete", "cell", "--dilate", "-1"], ">= 0; got -1"),
+    ("mask-column-that-does-not-exist", lambda t: [*_litmus_inputs(t), "--delete", "cell", "--mask", "cells"], "has no mask column 'cells'"),
 ]
 
 
@@ -1225,7 +1226,23 @@ def _delete_cell_bad(fill="constant", dilate=0, noise=None):
     return delete_cell(torch.zeros(1, 3, 4, 4), torch.zeros(1, 1, 4, 4), fill=fill, dilate=dilate, noise=noise)
 
 
+def _control_masks_bad(masks):
+    import torch
+
+    from shortcutlab.control import deleted_signal_control
+    from shortcutlab.data import CropImages
+    from shortcutlab.manifest import SplitManifest
+
+    t = CropTable.from_frame(_pd.DataFrame({"id": list("abcd"), "label": list("xyxy"), "parent": list("pqrs")}), id="id")
+    crops = CropImages(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.ones(4, 1, 8, 8, dtype=torch.bool), t)
+    split = SplitManifest(_pd.DataFrame({"id": list("abcd"), "split": ["train", "train", "test", "test"]}))
+    return deleted_signal_control(crops, split, delete="cell", masks=masks)
+
+
 CONTROL_CASES: list[Case] = [
+    Case("control-masks-of-another-size", lambda t: _control_masks_bad(__import__("torch").ones(4, 1, 6, 8)), ShortcutlabError,
+         ("masks=", "(4, 1, 8, 8)", "(4, 1, 6, 8)")),
+    Case("control-masks-not-a-tensor", lambda t: _control_masks_bad(_np.ones((4, 1, 8, 8), bool)), ShortcutlabError, ("masks=", "ndarray")),
     Case("control-unknown-fill", lambda t: _delete_cell_bad(fill="blur"), ShortcutlabError, ("'blur'", "constant", "mean", "noise")),
     Case("control-fractional-dilate", lambda t: _delete_cell_bad(dilate=1.5), ShortcutlabError, ("dilate", "1.5")),
     Case("control-noise-fill-without-noise", lambda t: _delete_cell_bad(fill="noise"), ShortcutlabError, ("noise=", "(1, 3, 4, 4)")),

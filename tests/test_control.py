@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from shortcutlab.control import (
+    ControlWarning,
+    centred_single_cell_share,
     crop_noise,
     delete_cell,
     deleted_signal_control,
@@ -65,6 +67,70 @@ def test_noise_fill_has_the_background_mean_and_sd_and_is_fixed_per_crop():
     b = crop_noise(torch.tensor([2, 5]), (3, 4, 4), seed=1)
     assert torch.equal(a[0], b[1]) and torch.equal(a[2], b[0])
     assert not torch.equal(a[0], crop_noise(torch.tensor([5]), (3, 4, 4), seed=2)[0])
+
+
+def test_centred_single_cell_share_of_hand_made_masks():
+    m = torch.zeros(5, 1, 8, 8, dtype=torch.bool)
+    m[0, 0, 3:5, 3:5] = True  # one region on the centre (rows/cols 3-4 of 8)
+    m[1, 0, 3:5, 3:5] = True
+    m[1, 0, 0:2, 6:8] = True  # plus a neighbour in a corner: two regions
+    m[2, 0, 0:2, 0:2] = True  # one region, off the centre
+    m[3, 0, 4:6, 4:6] = True
+    m[3, 0, 6, 6] = True  # touches diagonally: one 8-connected region on the centre
+    # crop 4: empty
+    assert centred_single_cell_share(m) == pytest.approx(2 / 5)
+    # Odd side: the one central pixel.
+    odd = torch.zeros(2, 1, 7, 7)
+    odd[0, 0, 3, 3] = 1
+    odd[1, 0, 2, 2] = 1
+    assert centred_single_cell_share(odd) == pytest.approx(1 / 2)
+
+
+def test_control_warns_on_centred_single_cell_masks_and_not_on_all_cells_masks():
+    import warnings
+
+    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.recipe import TrainConfig
+    from shortcutlab.splits import make_split
+    from shortcutlab.synth import SynthConfig, synthesize
+
+    d = synthesize(SynthConfig(seed=0, fields_per_class=3, crop_size=16, field_size=48, mean_cells_per_field=5), workers=1)
+    crops = _crops_from_synth(d)
+    split = make_split(crops.table, "crop", test_fraction=0.3, seed=0)
+    tiny = TrainConfig(arch="test_resnet", epochs=1, batch_size=32)
+    with pytest.warns(ControlWarning, match="one centred cell per crop in 100.0% of crops"):
+        res = deleted_signal_control(crops, split, config=tiny, mask_name="mask")
+    assert res.settings["mask"] == "mask" and res.settings["mask_single_centred_share"] == 1.0 and "all_cells_mask" in res.notes[0]
+    allc = _crops_from_synth(d, all_cells=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ControlWarning)
+        res = deleted_signal_control(crops, split, config=tiny, masks=allc.masks, mask_name="all_cells_mask")
+    # The share is that of the crops whose all-cells mask is one region: no neighbour, or one
+    # merged with the centred cell; at most the share without any other cell pixel plus the rest.
+    alone = float((allc.masks == crops.masks).flatten(1).all(1).float().mean())
+    assert alone <= res.settings["mask_single_centred_share"] < 0.95 and res.notes == []
+
+
+def test_cli_control_deletes_every_cell_by_default_on_a_synthetic_benchmark(tmp_path, capsys):
+    import json
+
+    from shortcutlab.cli import main
+    from shortcutlab.synth import SynthConfig, synthesize, write_synth
+
+    paths = write_synth(synthesize(SynthConfig(seed=0, fields_per_class=3, crop_size=16, field_size=48, mean_cells_per_field=5), workers=1), tmp_path / "b")
+    man = pd.read_csv(paths["manifest"])
+    pd.DataFrame({"id": man["id"], "split": ["test" if k % 3 == 0 else "train" for k in range(len(man))]}).to_csv(tmp_path / "s.csv", index=False)
+    argv = ["control", paths["manifest"], str(tmp_path / "s.csv"), "--delete", "cell", "--epochs", "1", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "masks: column 'all_cells_mask'" in out and "warning" not in out
+    assert json.loads((tmp_path / "a" / "control.json").read_text())["settings"]["mask"] == "all_cells_mask"
+    # The centred cell's mask, asked for by name: it runs, with the warning, recorded.
+    assert main([*argv, "--out", str(tmp_path / "c"), "--mask", "mask"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the masks (mask) look like one centred cell per crop in 100.0% of crops" in out
+    doc = json.loads((tmp_path / "c" / "control.json").read_text())
+    assert doc["settings"]["mask"] == "mask" and doc["settings"]["mask_single_centred_share"] == 1.0 and len(doc["notes"]) == 1
 
 
 # ------------------------------------------------------------------------------ relabelling
@@ -145,13 +211,22 @@ def _near_chance(r) -> bool:
 
 
 def _control(mechanism, delete):
+    """The control on test_litmus's benchmark; `cell` deletes every cell in the crop (the
+    all-cells masks), as `shortcutlab control` does by default on a synthetic benchmark."""
+    from shortcutlab.demo import _crops_from_synth
     from shortcutlab.recipe import TrainConfig
     from shortcutlab.splits import make_split
-    from test_litmus import _bench
+    from shortcutlab.synth import SynthConfig, synthesize
 
-    crops = _bench(mechanism)
+    data = synthesize(SynthConfig(seed=0, fields_per_class=40, crop_size=32, field_size=128, mean_cells_per_field=4, mechanisms=(mechanism,)))
+    crops = _crops_from_synth(data, all_cells=delete == "cell")
     split = make_split(crops.table, "crop", test_fraction=0.3, seed=0)
-    res = deleted_signal_control(crops, split, delete=delete, config=TrainConfig(**CONFIG))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two small trainings; more threads only fight over shared cores
+    try:
+        res = deleted_signal_control(crops, split, delete=delete, config=TrainConfig(**CONFIG))
+    finally:
+        torch.set_num_threads(threads)
     return {r["split"]: r for r in res.rows}
 
 
@@ -166,7 +241,12 @@ def test_deleted_signal_stays_above_chance_only_under_the_crop_split(delete):
 
 
 @pytest.mark.slow
-def test_relabelled_control_without_a_planted_signature_is_near_chance_under_both_splits():
-    rows = _control("none", "labels")
+@pytest.mark.parametrize("delete", ["labels", "cell"])
+def test_control_without_a_planted_signature_is_near_chance_under_both_splits(delete):
+    # With the centred cell's mask alone, `cell` stayed above chance here under both splits
+    # (neighbouring cells of single-class fields carry the class; README).
+    rows = _control("none", delete)
     for name in ("given", "parent"):
-        assert _near_chance(rows[name]), (name, rows[name])
+        r = rows[name]
+        assert _near_chance(r), (name, r)
+        assert r["ci_low"] <= r["chance"] <= r["ci_high"], (name, r)  # the Wilson interval holds chance
