@@ -77,6 +77,7 @@ def test_leak_reading_no_leak_and_no_interval():
     ((0.12, 0.08, 0.16, 0.92, 0.13, 0.09, 0.17, 0.13), "removed"),            # cost equal to the leak: not above it
     ((0.01, -0.01, 0.03, 0.8, 0.012, -0.02, 0.04, 0.0), "no leak"),
     ((0.05, np.nan, np.nan, 0.5, 0.1, 0.05, 0.15, 0.0), "unclear"),
+    ((0.0, np.nan, np.nan, 0.0, 0.12, np.nan, np.nan, 0.0), "unclear"),    # one seed: a +12 pp leak is not "no leak"
 ])
 def test_removal_verdict_rules(args, verdict):
     assert removal_verdict(*args) == verdict
@@ -216,6 +217,15 @@ def test_report_readings_match_the_predictions(simulated_report):
     # no run folders, no split tasks: the example crops and the audit card are left out, saying why
     assert "Left out because no leak model&#x27;s run folder is in the sweep folder" in _section(html, "examples")
     assert "Left out because no benchmark and split of the sweep are on disk" in _section(html, "audit")
+
+
+def test_moves_verdict_needs_an_interval_off_zero_and_a_size():
+    from shortcutlab.report.readings import moves_verdict
+    assert moves_verdict(0.02, 0.05) == "moves"
+    assert moves_verdict(-0.05, -0.005) == "moves"               # reaches 5 points
+    assert moves_verdict(-0.000048, -0.000007) == "moves negligibly"  # the validity run's Grad-CAM row
+    assert moves_verdict(-0.01, 0.02) == "does not move"
+    assert moves_verdict(float("nan"), 0.1) == "n/a"
 
 
 def test_validity_table_hand_set_results(simulated_report):

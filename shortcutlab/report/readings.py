@@ -16,8 +16,9 @@ The rules, stated once and used everywhere:
   1. ``uninformative`` when its accuracy cost on clean models exceeds the leak (the cost
      point estimate is larger than the leak point estimate): the intervention damages the
      crops more than the leak is worth, so a cut of the leak says little;
-  2. ``no leak`` when the leak's interval includes zero (or has none);
-  3. ``unclear`` when the cut has no interval (one seed, one parent);
+  2. ``unclear`` when the leak or the cut has no interval (one seed, one parent): a leak
+     without an interval is neither called a leak nor "no leak";
+  3. ``no leak`` when the leak's interval includes zero;
   4. ``removed`` when the cut's interval lies above zero and the share removed is at least
      50%;
   5. ``partly removed`` when the cut's interval lies above zero and the share is below 50%;
@@ -25,8 +26,11 @@ The rules, stated once and used everywhere:
   7. ``not removed`` otherwise (the cut's interval includes zero).
 
 - **A diagnostic moves with the leak** (`moves_verdict`) when its leak-minus-clean
-  difference, paired by seed, has an interval that excludes zero; ``does not move`` when the
-  interval includes zero; ``n/a`` without an interval.
+  difference, paired by seed, has an interval that excludes zero and reaches at least 1 point
+  (0.01 on the diagnostic's own 0-1 scale: R and the Grad-CAM outside mass are fractions);
+  ``moves negligibly`` when the interval excludes zero but lies entirely within 1 point of it
+  (a tight interval around a difference of thousandths of a point); ``does not move`` when
+  the interval includes zero; ``n/a`` without an interval.
 - **The dose-response slope** (the models' leak gap on R, per 0.1 of R) is given with its
   seed-bootstrap interval from three seeds up; with two, half the resamples hold one seed
   and have no slope, and the rest repeat the estimate, so no interval is stated.
@@ -148,10 +152,10 @@ def removal_verdict(cut: float, cut_low: float, cut_high: float, share: float, l
     """
     if not _nan(clean_cost) and not _nan(leak) and clean_cost > leak:
         return "uninformative"
-    if not (not _nan(leak_low) and leak_low > 0) and not (not _nan(leak_high) and leak_high < 0):
-        return "no leak"
-    if _nan(cut_low) or _nan(cut_high):
+    if _nan(leak_low) or _nan(leak_high) or _nan(cut_low) or _nan(cut_high):
         return "unclear"
+    if not (leak_low > 0 or leak_high < 0):
+        return "no leak"
     if cut_low > 0:
         return "removed" if not _nan(share) and share >= REMOVED_SHARE else "partly removed"
     if cut_high < 0:
@@ -336,8 +340,11 @@ def gradcam_reading(summary: dict) -> str:
     return "; ".join(parts) + "." if parts else "No Grad-CAM rows."
 
 
-def moves_verdict(low: float, high: float) -> str:
-    """'moves' (interval excludes 0), 'does not move', or 'n/a' (no interval)."""
+def moves_verdict(low: float, high: float, negligible: float = 0.01) -> str:
+    """'moves' (interval excludes 0 and reaches `negligible`), 'moves negligibly' (excludes 0,
+    but lies within `negligible` of it), 'does not move', or 'n/a' (no interval)."""
     if _nan(low) or _nan(high):
         return "n/a"
-    return "moves" if (low > 0 or high < 0) else "does not move"
+    if not (low > 0 or high < 0):
+        return "does not move"
+    return "moves" if max(abs(low), abs(high)) >= negligible else "moves negligibly"
