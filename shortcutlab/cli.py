@@ -272,6 +272,7 @@ def cmd_synth(args) -> int:
         "field_size": args.field_size,
         "strength": args.strength,
         "class_signal": args.class_signal,
+        "illumination_shading": args.illumination_shading,
     }
     params = {k: v for k, v in given.items() if v is not None}
     if args.mechanism is not None:
@@ -718,6 +719,8 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--field-size", type=int, metavar="PX", help="field side in pixels (default 3 x crop size)")
     y.add_argument("--n-classes", type=int, metavar="K", help="number of classes (default 3)")
     y.add_argument("--class-signal", type=float, metavar="X", help="class separation in [0, 1] (default 0.6)")
+    y.add_argument("--illumination-shading", type=float, metavar="X",
+                   help="illumination gradient and vignetting relative to its gain (default 1; 0: one uniform gain per field)")
     y.add_argument("--mixed-fields", action="store_true", help="CRIC-like fields mixing classes (default: one class per field)")
     y.add_argument("--compress-level", type=int, default=0, metavar="L", help="zlib level of the crop PNGs, 0 (stored, fastest; default) to 9")
     y.set_defaults(func=cmd_synth)

@@ -25,7 +25,9 @@ Two things are planted, independently of each other:
   ``color``         white balance (per-channel RGB gain, log-SD 0.07 s) and stain hue
                     (stain OD vectors rotated about the grey axis, SD 12 s degrees)
   ``illumination``  multiplicative ``exp(log_gain + gx x' + gy y' - v r'^2)``; log_gain SD
-                    0.06 s, gradients SD 0.20 s per field width, vignetting v ~ U(0, 0.20 s)
+                    0.06 s, gradients SD 0.20 s h per field width, vignetting
+                    v ~ U(0, 0.20 s h), with h = ``illumination_shading`` (default 1; 0 leaves
+                    a uniform per-field gain)
   ``background``    background tint (OD, SD 0.03 s per channel), smooth mottling (OD
                     amplitude s (0.01 .. 0.04) on a grid of 4 .. 16 px) and debris specks
                     (Poisson, rate up to 30 s per field, per-field speck colour)
@@ -234,6 +236,12 @@ class SynthConfig:
         mix_dominance: with mixed fields, the weight of the field's dominant class in its class
             mix; the rest is a flat Dirichlet draw over all classes.
         baseline_noise: SD in 8-bit levels of i.i.d. sensor noise present in every field.
+        illumination_shading: multiplier of the illumination's position-dependent part (gradient
+            and vignetting) relative to its gain, in [0, 10]. At the default 1 a 32 px crop of a
+            128 px field sees a brightness that depends on where the crop lies about as much as
+            on which field it comes from; 0 gives every field one uniform gain (a lamp or
+            exposure setting), which a model can learn as a field cue. Left out of `to_dict`
+            at its default, so configs and task ids from before it existed are unchanged.
 
     Raises:
         SynthError: naming the parameter, what it must be, and what came.
@@ -252,6 +260,7 @@ class SynthConfig:
     mixed_fields: bool = False
     mix_dominance: float = 0.5
     baseline_noise: float = 2.0
+    illumination_shading: float = 1.0
 
     def __post_init__(self) -> None:
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -285,6 +294,7 @@ class SynthConfig:
         put("mixed_fields", bool(self.mixed_fields))
         put("mix_dominance", _as_float("mix_dominance", self.mix_dominance, 0.0, 1.0))
         put("baseline_noise", _as_float("baseline_noise", self.baseline_noise, 0.0, 64.0))
+        put("illumination_shading", _as_float("illumination_shading", self.illumination_shading, 0.0, 10.0))
 
     @property
     def n_fields(self) -> int:
@@ -310,6 +320,8 @@ class SynthConfig:
         d = asdict(self)
         d["mechanisms"] = list(self.mechanisms)
         d["strengths"] = {k: v for k, v in self.strengths}
+        if d["illumination_shading"] == 1.0:  # the default before the option existed: same dict, same task ids
+            del d["illumination_shading"]
         return d
 
     @classmethod
@@ -387,11 +399,12 @@ def _signatures(config: SynthConfig) -> list[dict]:
     s = config.effective_strengths
     f = config.scale
     sc, si, sb, sn = s["color"], s["illumination"], s["background"], s["noise"]
+    sh = si * config.illumination_shading
     r6 = lambda a: np.round(a, 6).tolist()  # noqa: E731
     gain = r6(np.exp(0.07 * sc * z[:, 0:3]))
     rot = r6(12.0 * sc * z[:, 3])
-    log_gain, gx, gy = r6(0.06 * si * z[:, 4]), r6(0.20 * si * z[:, 5]), r6(0.20 * si * z[:, 6])
-    vig = r6(0.20 * si * u[:, 10])
+    log_gain, gx, gy = r6(0.06 * si * z[:, 4]), r6(0.20 * sh * z[:, 5]), r6(0.20 * sh * z[:, 6])
+    vig = r6(0.20 * sh * u[:, 10])
     tint = r6(0.03 * sb * z[:, 7:10])
     tex_od, tex_scale = r6(sb * (0.01 + 0.03 * u[:, 11])), r6((4.0 + 12.0 * u[:, 12]) * f)
     debris, debris_mix = r6(30.0 * sb * u[:, 13]), r6(u[:, 14])

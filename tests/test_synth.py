@@ -245,6 +245,34 @@ def test_illumination_gradient_is_recovered_from_the_field():
             assert abs(coef[3] - planted["vignetting"]) < 0.03
 
 
+def test_illumination_shading_zero_is_one_gain_per_field():
+    """Shading 0: the field is the signature-free field times exp(log_gain) everywhere (no
+    gradient, no vignette), with the same gain as the default draw; shading 2 doubles the shape."""
+    base = dict(fields_per_class=1, crop_size=32, field_size=128, seed=4, baseline_noise=0.0)
+    flat = SynthConfig(**base, mechanisms="illumination", strength=3.0, illumination_shading=0.0)
+    plain = SynthConfig(**base, mechanisms="none")
+    for i in range(flat.n_fields):
+        lit, dark = render_field(flat, i), render_field(plain, i)
+        a, b = lit.image.numpy().astype(np.float64), dark.image.numpy().astype(np.float64)
+        ok = (a > 40) & (a < 250) & (b > 40) & (b < 250)
+        log_ratio = np.log(a[ok] / b[ok])
+        planted = lit.field["signature"]["illumination"]
+        assert planted["gradient_x"] == planted["gradient_y"] == planted["vignetting"] == 0.0
+        assert abs(float(np.median(log_ratio)) - planted["log_gain"]) < 0.01
+        assert float(np.percentile(np.abs(log_ratio - planted["log_gain"]), 95)) < 0.02  # 8-bit rounding only
+        shaded = [render_field(SynthConfig(**base, mechanisms="illumination", strength=3.0, illumination_shading=h), i)
+                  .field["signature"]["illumination"] for h in (1.0, 2.0)]
+        assert shaded[0]["log_gain"] == shaded[1]["log_gain"] == planted["log_gain"]
+        assert shaded[1]["gradient_x"] == pytest.approx(2 * shaded[0]["gradient_x"], abs=2e-6)
+        assert shaded[1]["vignetting"] == pytest.approx(2 * shaded[0]["vignetting"], abs=2e-6)
+
+
+def test_default_illumination_shading_leaves_the_config_dict_unchanged():
+    assert "illumination_shading" not in SynthConfig().to_dict()  # configs and task ids from before the option
+    d = SynthConfig(illumination_shading=0.5).to_dict()
+    assert d["illumination_shading"] == 0.5 and SynthConfig.from_dict(d).illumination_shading == 0.5
+
+
 def test_noise_pattern_is_fixed_in_field_coordinates():
     base = dict(fields_per_class=3, crop_size=32, seed=9)
     clean = synthesize(SynthConfig(**base, mechanisms="none"))

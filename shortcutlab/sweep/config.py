@@ -43,7 +43,7 @@ class SweepConfigError(ShortcutlabError):
 TOP_KEYS = ("data", "split", "seeds", "models", "cells", "interventions", "diagnostics", "device", "threads")
 REQUIRED = ("data", "split", "seeds", "models")
 SYNTH_KEYS = ("mechanisms", "strength", "strengths", "fields_per_class", "mean_cells_per_field", "crop_size", "field_size",
-              "n_classes", "class_signal", "mixed_fields", "mix_dominance", "baseline_noise")
+              "n_classes", "class_signal", "mixed_fields", "mix_dominance", "baseline_noise", "illumination_shading")
 MANIFEST_KEYS = ("path", "id", "label", "parent", "image", "mask", "name")
 #: settings whose single value is itself a list: a list of lists expands
 LIST_VALUED = frozenset({"levels", "rrc_scale", "rrc_ratio"})
