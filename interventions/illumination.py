@@ -13,6 +13,12 @@ illumination (transmitted light scales the specimen's transmittance); the factor
 rescales so that the background keeps its mean brightness exactly (before the final clamp to
 [0, 1]). Units: the input's linear [0, 1] intensities; `sigma` in pixels.
 
+Keeping L removes the SHAPE of the illumination within the crop but not its level: a gain
+that a whole field shares (lamp power, exposure time) survives, and so does any leak it
+carries. With ``level=t``, L is replaced by L * t / mean_c(L): the background keeps its colour
+(channel ratios) but every crop's background gets the same mean brightness t, so the gain
+goes too (and with it the grey part of any white-balance or background-tint difference).
+
 The illumination I comes from one of two paths:
 
 1. Smooth path (visible background share >= `min_background`):
@@ -62,6 +68,15 @@ from .registry import register
 # Illumination below one 8-bit grey level carries no signal; dividing by less only amplifies noise.
 ILLUMINATION_FLOOR = 1.0 / 255.0
 _RIDGE = 1e-6
+
+
+def _check_level(level) -> float | None:
+    if level is None:
+        return None
+    if isinstance(level, bool) or not (isinstance(level, (int, float)) and 0.0 < level <= 1.0):
+        raise InterventionError(f"illumination_flattening level must be None (keep each crop's background brightness) or the "
+                                f"background's mean brightness to set, in (0, 1]; got {level!r}")
+    return float(level)
 
 
 def _check_settings(sigma, degree, min_background) -> tuple[float | None, int, float]:
@@ -154,7 +169,9 @@ def estimate_illumination(
 _NO_BACKGROUND = "have no background pixel (mask 1 everywhere), so they were returned unchanged"
 
 
-def _flatten(x: torch.Tensor, mask: torch.Tensor | None, sigma: float | None, degree: int, min_background: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _flatten(
+    x: torch.Tensor, mask: torch.Tensor | None, sigma: float | None, degree: int, min_background: float, target: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The flattened batch and the (B,) flags of crops with some background (the others unchanged)."""
     w = torch.ones_like(x[:, :1]) if mask is None else 1.0 - mask
     total = w.sum(dim=(2, 3), keepdim=True)
@@ -162,6 +179,8 @@ def _flatten(x: torch.Tensor, mask: torch.Tensor | None, sigma: float | None, de
     total = torch.where(has_bg, total, torch.ones_like(total))
     ratio = x / estimate_illumination(x, mask, sigma, degree, min_background)
     level = _weighted_mean(x, w, total)
+    if target is not None:  # the background's colour, at mean brightness `target`
+        level = level * (target / level.mean(dim=1, keepdim=True).clamp_min(ILLUMINATION_FLOOR))
     ratio_level = _weighted_mean(ratio, w, total)
     valid = has_bg & (level > ILLUMINATION_FLOOR) & (ratio_level > 0)
     scale = torch.where(valid, level / torch.where(valid, ratio_level, torch.ones_like(ratio_level)), torch.ones_like(level))
@@ -174,6 +193,7 @@ def illumination_flattening(
     sigma: float | None = None,
     degree: int = 2,
     min_background: float = 0.1,
+    level: float | None = None,
     *,
     return_applicable: bool = False,
 ):
@@ -185,6 +205,10 @@ def illumination_flattening(
         sigma: Gaussian standard deviation in pixels (default: a quarter of the shorter side).
         degree: polynomial surface degree of the smooth path (0: plain normalised convolution).
         min_background: background share below which the plane fallback is used.
+        level: None (default) keeps each crop's background mean brightness, so only the shape
+            of the illumination goes; a number in (0, 1] sets the background's mean brightness
+            over channels to it, keeping the background's colour, so that a gain shared by the
+            crop (a lamp or exposure setting) goes too.
         return_applicable: also return the (B,) bool flags (False: no background pixel, the
             crop came back unchanged; warned).
 
@@ -196,7 +220,7 @@ def illumination_flattening(
     if mask is not None:
         mask = check_mask(mask, x)
     sigma, degree, min_background = _check_settings(sigma, degree, min_background)
-    y, ok = _flatten(x.clamp(0.0, 1.0), mask, sigma, degree, min_background)
+    y, ok = _flatten(x.clamp(0.0, 1.0), mask, sigma, degree, min_background, _check_level(level))
     warn_not_applicable("illumination_flattening", ok, _NO_BACKGROUND)
     y = y.clamp(0.0, 1.0)
     return (y, ok) if return_applicable else y
@@ -213,16 +237,20 @@ class IlluminationFlattening(Intervention):
             (0: plain normalised convolution, 1: plane, 2: quadratic surface).
         min_background: visible background share (0 to 1) below which the plane fit is used
             alone.
+        level: None (default) keeps each crop's background mean brightness (only the shape of
+            the illumination goes); a number in (0, 1] sets the background's mean brightness
+            over channels to it, keeping its colour, so that a per-field gain goes too.
     """
 
-    def __init__(self, sigma: float | None = None, degree: int = 2, min_background: float = 0.1) -> None:
+    def __init__(self, sigma: float | None = None, degree: int = 2, min_background: float = 0.1, level: float | None = None) -> None:
         super().__init__()
         self.sigma, self.degree, self.min_background = _check_settings(sigma, degree, min_background)
+        self.level = _check_level(level)
 
     def apply(self, x, mask, params, **context):
-        y, self.last_applicable = _flatten(x, mask, self.sigma, self.degree, self.min_background)
+        y, self.last_applicable = _flatten(x, mask, self.sigma, self.degree, self.min_background, self.level)
         warn_not_applicable(self.name, self.last_applicable, _NO_BACKGROUND)
         return y
 
     def extra_repr(self) -> str:
-        return f"sigma={self.sigma}, degree={self.degree}, min_background={self.min_background}"
+        return f"sigma={self.sigma}, degree={self.degree}, min_background={self.min_background}, level={self.level}"

@@ -166,3 +166,29 @@ def test_settings_are_checked():
     with pytest.raises(InterventionError, match="min_background must be a share"):
         IlluminationFlattening(min_background=1.5)
     assert interventions.get("illumination_flattening", sigma=5.0).sigma == 5.0
+    with pytest.raises(InterventionError, match="level must be None"):
+        IlluminationFlattening(level=0)
+    with pytest.raises(InterventionError, match="level must be None"):
+        IlluminationFlattening(level=1.5)
+
+
+def test_level_removes_a_shared_gain_and_keeps_the_background_colour():
+    """Two fields differing only in gain (0.7 vs 1.0) under the same ramp: the default keeps each
+    crop's background brightness, so the gain survives; level=t gives both the same output,
+    whose background has mean brightness t over channels and the scene's background colour."""
+    flat, mask = _scene(noise=0.0)
+    ramp = _shading("ramp")
+    dim, bright = flat * ramp * 0.7, flat * ramp
+    bg = ~mask[0, 0].bool()
+    kept = [illumination_flattening(x, mask) for x in (dim, bright)]
+    ratio = float(kept[0][0, :, bg].mean() / kept[1][0, :, bg].mean())
+    assert ratio == pytest.approx(0.7, abs=0.01)  # the default: the gain is still there
+    t = 0.6
+    a, b = (illumination_flattening(x, mask, level=t) for x in (dim, bright))
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-3)  # the gain is gone
+    means = a[0][:, bg].mean(dim=1)
+    assert float(means.mean()) == pytest.approx(t, abs=2e-3)
+    expected = BG.view(3) / BG.view(3).mean() * t  # the background's colour at brightness t
+    torch.testing.assert_close(means, expected, rtol=0, atol=3e-3)
+    contrast = _contrast(a, mask) / _contrast(flat, mask)
+    torch.testing.assert_close(contrast, torch.ones(3, dtype=torch.float64), rtol=0, atol=0.03)
