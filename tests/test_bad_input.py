@@ -452,6 +452,8 @@ INTERVENTION_CASES: list[Case] = [
     Case("interv-reinhard-fit-mask-count", lambda p: Reinhard().fit(_iv_images((3, 3, 8, 8)), _iv_mask()), _IE, ("one mask per image (N = 3)", "(2, 1, 8, 8)")),
     Case("interv-reinhard-fit-all-masks-empty", lambda p: Reinhard().fit(_iv_images(), _iv_mask(value=0.0)), _IE, ("all 2 crop(s) have an empty cell mask", "no cell pixel")),
     Case("interv-field-without-cell-pixels", _iv_field_without_cell_pixels, _IE, ("['p2']", "mask is empty")),
+    Case("interv-flattening-level-out-of-range", lambda p: _iv_call("illumination_flattening", _iv_images(), level=1.5), _IE,
+         ("illumination_flattening level", "(0, 1]", "1.5")),
     Case("interv-stain-fit-no-images", lambda p: StainNormalize().fit(_iv_images((0, 3, 8, 8))), _IE, ("at least one target image", "(0, 3, 8, 8)")),
     Case("interv-stain-fit-no-tissue", lambda p: StainNormalize().fit(_iv_images(fill=0.97)), _IE, ("no stain estimate", "0 tissue pixels")),
 ]
@@ -963,6 +965,8 @@ SWEEP_CASES = [
          ("models[0].arch", "'resnet_181'", "resnet18")),
     Case("sweep-both-data-kinds", _load_sweep(_SWEEP_YAML.replace("data:\n", "data:\n  manifest: {path: crops.csv}\n")), SweepConfigError,
          ("data", "exactly one", "'synthetic' or 'manifest'", "got manifest, synthetic")),
+    Case("sweep-negative-illumination-shading", _load_sweep(_SWEEP_YAML.replace("crop_size: 16", "crop_size: 16, illumination_shading: -1")),
+         SweepConfigError, ("sweep.yaml", "data.synthetic", "illumination_shading", ">= 0", "-1")),
     Case("sweep-not-yaml", _load_sweep("data: [\n"), SweepConfigError, ("sweep.yaml", "not valid YAML", "line")),
     Case("sweep-diagnostic-param-checked-at-load", _load_sweep(_SWEEP_YAML + "diagnostics: {only: [parent_probe], params: {parent_probe: {n_folds: 2}}}\n"),
          SweepConfigError, ("sweep.yaml: diagnostics.params.parent_probe.n_folds:", "integer >= 3", "Got 2")),
