@@ -78,6 +78,9 @@ def test_leak_reading_no_leak_and_no_interval():
     ((0.01, -0.01, 0.03, 0.8, 0.012, -0.02, 0.04, 0.0), "no leak"),
     ((0.05, np.nan, np.nan, 0.5, 0.1, 0.05, 0.15, 0.0), "unclear"),
     ((0.0, np.nan, np.nan, 0.0, 0.12, np.nan, np.nan, 0.0), "unclear"),    # one seed: a +12 pp leak is not "no leak"
+    ((0.0, 0.0, 0.0, 0.0, 0.11, 0.03, 0.19, 0.0), "no change"),           # a no-op (background removal on masked backgrounds)
+    ((0.0, 0.0, 0.0, 0.0, -0.02, -0.07, 0.03, 0.0), "no change"),         # ... not "uninformative" because the leak is negative
+    ((0.0, -0.01, 0.01, 0.0, 0.11, 0.03, 0.19, 0.0), "not removed"),      # changes that cancel on average are not a no-op
 ])
 def test_removal_verdict_rules(args, verdict):
     assert removal_verdict(*args) == verdict
@@ -206,7 +209,8 @@ def test_report_readings_match_the_predictions(simulated_report):
     assert f"color, high diversity, a: the leak is {pp(leak)} (95% CI" in section
     # reinhard copies the clean answers onto the leak models: the whole leak is cut, in every resample
     assert "Reinhard transfer to an unseen field removes 100% of it (CI 100% to 100%)" in section
-    assert "background removal does not remove it (cut +0.0 pp, 95% CI +0.0 to +0.0 pp)" in section
+    # background removal: the predictions are the unaltered ones, so no accuracy changes
+    assert "background removal changes no accuracy here (it leaves these crops as they were)" in section
     g = pred[(pred["condition"] == "color") & (pred["exposure"] == "clean")]
     cost = g[g["intervention"] == "none"]["correct"].mean() - g[g["intervention"] == "greyscale"]["correct"].mean()
     assert cost > leak
@@ -239,7 +243,7 @@ def test_validity_table_hand_set_results(simulated_report):
     g = color.loc["gradcam"]
     assert g["estimate"] == pytest.approx(0.0) and g["verdict"] == "does not move"
     inter = v[(v["condition"] == "color") & (v["kind"] == "intervention")].set_index("item")["verdict"].to_dict()
-    assert inter == {"background_removal": "not removed", "greyscale": "uninformative", "reinhard_unseen_field": "removed"}
+    assert inter == {"background_removal": "no change", "greyscale": "uninformative", "reinhard_unseen_field": "removed"}
     none = v[v["condition"] == "none"].set_index("kind")
     assert none.loc["R", "estimate"] == pytest.approx(0.0) and none.loc["R", "verdict"] == "does not move"
     assert "<td>uninformative</td>" in _section(html, "validity")

@@ -67,7 +67,7 @@ def validity_section(est: pd.DataFrame, results: pd.DataFrame | None, n_boot: in
                      "crops minus leak under it). Verdicts: 'removed' (cut's interval above 0, share >= 50%), 'partly "
                      "removed' (interval above 0, share < 50%), 'not removed' (interval includes 0), 'increased' (interval "
                      "below 0), 'uninformative' (its accuracy cost on clean models exceeds the leak), 'no leak' (the leak's "
-                     "interval includes 0); a diagnostic 'moves' when its seed-paired leak-minus-clean interval excludes 0 and reaches 1 point ('moves negligibly' when it stays within 1 point of 0).")
+                     "interval includes 0), 'no change' (cut, its interval and the clean cost all exactly 0: the intervention changed no accuracy); a diagnostic 'moves' when its seed-paired leak-minus-clean interval excludes 0 and reaches 1 point ('moves negligibly' when it stays within 1 point of 0).")
     del counts
     return sec, table
 

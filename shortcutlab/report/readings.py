@@ -13,6 +13,10 @@ The rules, stated once and used everywhere:
   unaltered crops minus leak under the intervention), its interval and the share removed
   (cut / leak):
 
+  0. ``no change`` when the cut, both ends of its interval and the clean-model cost are all
+     exactly zero: the intervention changed no accuracy in any resample, which happens when it
+     leaves the crops as they were (background removal on models whose backgrounds are
+     already masked); nothing can be read from it about the leak;
   1. ``uninformative`` when its accuracy cost on clean models exceeds the leak (the cost
      point estimate is larger than the leak point estimate): the intervention damages the
      crops more than the leak is worth, so a cut of the leak says little;
@@ -147,9 +151,11 @@ def removal_verdict(cut: float, cut_low: float, cut_high: float, share: float, l
         clean_cost: the intervention's accuracy cost on clean models (fraction; positive = a loss).
 
     Returns:
-        One of 'uninformative', 'no leak', 'unclear', 'removed', 'partly removed', 'increased',
-        'not removed'.
+        One of 'no change', 'uninformative', 'no leak', 'unclear', 'removed', 'partly removed',
+        'increased', 'not removed'.
     """
+    if cut == 0 and cut_low == 0 and cut_high == 0 and clean_cost == 0:
+        return "no change"
     if not _nan(clean_cost) and not _nan(leak) and clean_cost > leak:
         return "uninformative"
     if _nan(leak_low) or _nan(leak_high) or _nan(cut_low) or _nan(cut_high):
@@ -172,6 +178,8 @@ def removal_phrase(setting: str, verdict: str, cut: dict, share: dict, cost: dic
                 f"leak)")
     if verdict == "no leak":
         return f"{name}: no leak to remove"
+    if verdict == "no change":
+        return f"{name} changes no accuracy here (it leaves these crops as they were), so it says nothing about the leak"
     cut_text = f"{pp(cut['estimate'])}, {ci_pp(cut['ci_low'], cut['ci_high'], level)}"
     if verdict == "removed":
         return f"{name} removes {pct(share['estimate'])} of it ({ci_pct(share['ci_low'], share['ci_high'])})"
