@@ -301,7 +301,7 @@ def test_cli_prints_the_html_path(tmp_path, capsys):
 
 REAL_CONFIG = """
 data:
-  synthetic: {mechanisms: [color], fields_per_class: 12, crop_size: 32, field_size: 96, class_signal: 0.6}
+  synthetic: {mechanisms: [color, none], fields_per_class: 12, crop_size: 32, field_size: 96, class_signal: 0.6}
 split: {protocol: factorial, params: {test_parent_share: 0.3}}
 seeds: [0, 1]
 models:
@@ -325,6 +325,9 @@ def test_report_over_a_real_sweep(tmp_path):
     assert names == ["accuracy.png", "dose_response.png", "examples.png", "gradcam.png", "leak_effect.png"]
     audit = _section(html, "audit")
     assert "Left out" not in audit and "in leak cells 100% of test crops have a training sibling, in clean cells 0%" in audit
+    # the two conditions share cells, layout and split, so their audits read the same: one sentence names both
+    reading = audit.split('<p class="reading">', 1)[1].split("</p>", 1)[0]
+    assert "color, none: " in reading and reading.count("crops from") == 1, reading
     examples = _section(html, "examples")
     assert "greyscale" in examples and "background removal" in examples and "Grad-CAM, clean model" in examples
 

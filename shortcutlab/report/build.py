@@ -98,7 +98,7 @@ def audit_section(folder: SweepFolder, results: pd.DataFrame | None) -> Section:
         cells = card["cells"]
         leak = [c for n, c in cells.items() if n.startswith("leak")]
         clean = [c for n, c in cells.items() if n.startswith("clean")]
-        s = (f"{cond}: {card['n_crops']:,} crops from {card['n_parents']:,} parents in {card['n_classes']} classes "
+        s = (f"{card['n_crops']:,} crops from {card['n_parents']:,} parents in {card['n_classes']} classes "
              f"({rd.pct(card['sibling_share'])} of crops have a sibling); split {card['protocol']} by {card['unit']}")
         if leak and clean:
             s += (f"; in leak cells {rd.pct(np.mean([c['with_train_sibling'] for c in leak]))} of test crops have a training "
@@ -109,12 +109,16 @@ def audit_section(folder: SweepFolder, results: pd.DataFrame | None) -> Section:
         elif cells:
             c = next(iter(cells.values()))
             s += f"; {rd.pct(c['with_train_sibling'])} of test crops have a training sibling"
-        sentences.append(s)
+        sentences.append((cond, s))
     if not rows:
         sec = left_out(key, title, "no benchmark of the sweep could be audited")
         sec.notes = notes
         return sec
-    sec = Section(key, title, reading="; ".join(sentences) + ".", table=pd.DataFrame(rows), notes=notes)
+    groups: dict[str, list[str]] = {}  # conditions whose audits read the same share one sentence
+    for cond, s in sentences:
+        groups.setdefault(s, []).append(str(cond))
+    reading = "; ".join(f"{', '.join(conds)}: {s}" for s, conds in groups.items()) + "."
+    sec = Section(key, title, reading=reading, table=pd.DataFrame(rows), notes=notes)
     sec.notes.append("Audited on one seed's benchmark and split per condition (the lowest seed); sibling share = crops "
                      "whose parent holds another crop; shares of test crops are measured on the split (shortcutlab.audit).")
     return sec
