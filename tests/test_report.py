@@ -209,6 +209,7 @@ def test_report_readings_match_the_predictions(simulated_report):
     assert f"color, high diversity, a: the leak is {pp(leak)} (95% CI" in section
     # reinhard copies the clean answers onto the leak models: the whole leak is cut, in every resample
     assert "Reinhard transfer to an unseen field removes 100% of it (CI 100% to 100%)" in section
+    assert "<br>none, high diversity, a: the leak is" in section  # one line per condition
     # background removal: the predictions are the unaltered ones, so no accuracy changes
     assert "background removal changes no accuracy here (it leaves these crops as they were)" in section
     g = pred[(pred["condition"] == "color") & (pred["exposure"] == "clean")]

@@ -29,7 +29,8 @@ class Section:
         key: file stem of its figure (``figures/<key>.png``) and the HTML anchor.
         title: heading.
         png: the figure, or None.
-        reading: the sentence(s) read from the numbers.
+        reading: the sentence(s) read from the numbers; a newline starts a new line (one
+            per condition where there are several).
         missing: why the figure is left out ("Left out because ..."), or None.
         table: a frame of display strings shown under the reading, or None.
         notes: further sentences (skipped interventions, caveats).
@@ -126,7 +127,7 @@ def forest_section(est: pd.DataFrame, level: float = 0.95) -> Section:
         why = reasons[0] if reasons else "no prediction with exposure 'leak' or 'clean'"
         return left_out(key, title, f"the sweep has no leak/clean factorial to estimate a leak from ({why})")
     heads = leak[(leak["intervention"] == "none") & leak["estimate"].notna()][["condition", "diversity"]].drop_duplicates()
-    reading = " ".join(rd.leak_reading(est, c, d, level=level) for c, d in heads.sort_values(["condition", "diversity"]).itertuples(index=False))
+    reading = "\n".join(rd.leak_reading(est, c, d, level=level) for c, d in heads.sort_values(["condition", "diversity"]).itertuples(index=False))  # one line per condition
     rows = _forest_rows(est)
     if rows[["ci_low", "ci_high"]].isna().all(axis=None):
         why = sorted(set(rows["reason"].dropna().astype(str)) - {""})

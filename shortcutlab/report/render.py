@@ -53,7 +53,7 @@ def to_html(title: str, intro: list[str], sections, warnings_: list[str]) -> str
         if s.missing:
             parts.append(f'<p class="missing">{html.escape(s.missing)}</p>')
         if s.reading:
-            parts.append(f'<p class="reading">{html.escape(s.reading)}</p>')
+            parts.append('<p class="reading">' + "<br>".join(html.escape(line) for line in s.reading.split("\n")) + "</p>")
         if s.table is not None and len(s.table):
             parts.append(_html_table(s.table))
         if s.notes:
@@ -76,7 +76,7 @@ def to_markdown(title: str, intro: list[str], sections, warnings_: list[str], fi
         if s.missing:
             lines += [f"*{s.missing}*", ""]
         if s.reading:
-            lines += [f"**Reading.** {s.reading}", ""]
+            lines += [f"**Reading.** {s.reading}".replace("\n", "\n\n"), ""]
         if s.table is not None and len(s.table):
             lines += [_md_table(s.table), ""]
         for n in s.notes:
