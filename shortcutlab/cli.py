@@ -291,7 +291,8 @@ def cmd_synth(args) -> int:
         f"synthetic benchmark: {n} crops of {config.crop_size}x{config.crop_size} px from {config.n_fields} fields "
         f"({config.n_classes} classes, {'mixed' if config.mixed_fields else 'single-class'} fields, seed {config.seed})"
     )
-    print(f"  mechanisms (strength): {strength}; class signal {config.class_signal:g}")
+    shading = f"; illumination shading {config.illumination_shading:g}" if config.illumination_shading != 1.0 else ""
+    print(f"  mechanisms (strength): {strength}; class signal {config.class_signal:g}{shading}")
     print(f"  wrote {paths['manifest']} (paths relative to its folder), {paths['json']}, {paths['cells']}")
     print(f"  crops in {paths['crops']}, masks in {paths['masks']}")
     print(

@@ -232,10 +232,11 @@ def test_cli_outputs_that_cannot_be_written_are_refused_before_the_work(argv, na
         (["split", "{table}", *TABLE_ARGS, "--protocol", "ladder", "--levels", "0,,1", "--out", "{tmp}/m.csv"],
          ("--levels", "''", "'0,,1'")),
         (["demo", "--seeds", "0,one", "--out", "{tmp}/demo"], ("--seeds", "'one'", "integers")),
+        (["synth", "--illumination-shading", "-1", "--out", "{tmp}/bench"], ("illumination_shading", ">= 0", "-1")),
         (["audit", "{tmp}", *TABLE_ARGS], ("is a folder",)),
         (["split", "{latin1}", *TABLE_ARGS, "--protocol", "crop", "--out", "{tmp}/m.csv"], ("latin1.csv", "not UTF-8", "line 3")),
     ],
-    ids=["levels-not-a-number", "levels-empty-part", "seeds-not-an-integer", "table-is-a-folder", "table-not-utf8"],
+    ids=["levels-not-a-number", "levels-empty-part", "seeds-not-an-integer", "synth-negative-illumination-shading", "table-is-a-folder", "table-not-utf8"],
 )
 def test_cli_bad_values_and_tables_name_the_culprit(argv, names, tmp_path, table_csv, capsys):
     latin1 = _csv(tmp_path, _LATIN1_TABLE, name="latin1.csv")
