@@ -17,6 +17,7 @@ Schema (every key but `data`, `split`, `seeds` and `models` optional)::
     diagnostics: {only: [parent_probe], params: {parent_probe: {n_folds: 4}}}
     device: cpu
     threads: 1
+    limits: {tasks: 100000, seeds: 10000}   # caps (DEFAULT_LIMITS); `sweep --limit NAME=N` sets any
 
 Lists expand to a grid: a list of mechanisms gives one data condition per entry (an entry may
 itself be a list: mechanisms planted together), a list for any other synthetic setting, split
