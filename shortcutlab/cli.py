@@ -559,17 +559,32 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
+def _sweep_limits(items) -> dict:
+    """--limit NAME=N (repeatable) as a mapping; names and values are checked by load_config."""
+    out = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = int(value.replace("_", "").replace(",", ""))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ShortcutlabError(f"--limit takes NAME=N with N a positive integer (e.g. --limit tasks=200000); got {item!r}")
+    return out
+
+
 def cmd_sweep(args) -> int:
     from .sweep import get_executor
     from .sweep.config import load_config
     from .sweep.runner import run_sweep
 
-    cfg = load_config(args.config)
+    limits = _sweep_limits(args.limit)
+    cfg = load_config(args.config, limits=limits)
     if args.device:
         from .sweep.config import validate
 
         raw = dict(cfg.raw, device=args.device)
-        cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)))
+        cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)), limits=limits)
     if args.workers < 1:
         raise ShortcutlabError(f"--workers must be a positive integer; got {args.workers}")
     if args.dry_run:
@@ -798,6 +813,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--address", help="ray: cluster address (default: a local Ray instance)")
     w.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, mps)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
+    w.add_argument("--limit", action="append", metavar="NAME=N",
+                   help="raise or lower a cap: tasks (default 100000), seeds (10000), bytes (2000000), scalar (100000), depth (50)")
     w.set_defaults(func=cmd_sweep)
 
     r = sub.add_parser("results", help="print the estimates table of a sweep folder")

@@ -105,6 +105,70 @@ def _check_fractions(test_fraction: float, val_fraction: float) -> tuple[float, 
     return q, v
 
 
+def _check_unit(unit: str) -> None:
+    if unit not in ("parent", "group", "patient"):
+        raise SplitError(f"split unit must be 'parent' or 'group' (patient), got {unit!r}")
+
+
+def _check_levels(levels) -> list[float]:
+    try:
+        levels = [float(f) for f in ([levels] if isinstance(levels, str) else levels)]
+    except (TypeError, ValueError):
+        raise SplitError(f"ladder levels must be numbers in [0, 1], got {list(levels) if not isinstance(levels, str) else levels!r}") from None
+    if not levels or any(not 0.0 <= f <= 1.0 for f in levels):
+        raise SplitError(f"ladder levels must lie in [0, 1], got {levels}")
+    if len(set(levels)) != len(levels):
+        raise SplitError(f"ladder levels must be distinct, got {levels}")
+    return levels
+
+
+def _check_factorial_params(test_parent_share, diversity_contrast, n_per_class, allocation, reserve_parent_share) -> None:
+    if not 0.0 < test_parent_share < 1.0:
+        raise SplitError(f"test_parent_share must lie in (0, 1), got {test_parent_share}")
+    if not diversity_contrast >= 1.0:  # also refuses NaN
+        raise SplitError(f"diversity_contrast must be >= 1, got {diversity_contrast}")
+    if not 0.0 <= reserve_parent_share < 1.0:
+        raise SplitError(f"reserve_parent_share must lie in [0, 1), got {reserve_parent_share}")
+    if allocation not in ("balanced", "proportional"):
+        raise SplitError(f"allocation must be 'balanced' or 'proportional', got {allocation!r}")
+    if n_per_class is not None and int(n_per_class) < 1:
+        raise SplitError(f"n_per_class must be >= 1, got {n_per_class}")
+
+
+def check_params(protocol: str, **params) -> None:
+    """Check a protocol's parameters without data, with the same checks (and messages) the
+    protocol itself runs first, so a sweep config is refused at load time exactly when its
+    split task would fail on them.
+
+    Raises:
+        SplitError: an unknown protocol or parameter, or a parameter out of its range.
+    """
+    if protocol not in _PROTOCOLS:
+        raise SplitError(f"unknown split protocol {protocol!r}; available: {', '.join(_PROTOCOLS)}")
+    sig = inspect.signature(_PROTOCOLS[protocol])
+    unknown = [k for k in params if k not in sig.parameters or k == "table"]
+    if unknown:
+        raise SplitError(f"split protocol {protocol!r} takes no parameter {', '.join(map(repr, unknown))}")
+    a = {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+    a.update(params)
+    if "seed" in a:
+        _rng(a["seed"], 0)
+    if protocol == "factorial":
+        _check_factorial_params(a["test_parent_share"], a["diversity_contrast"], a["n_per_class"], a["allocation"],
+                                a["reserve_parent_share"])
+    elif protocol == "ladder":
+        _check_test_fraction(a["test_fraction"])
+        _check_levels(a["levels"])
+    else:
+        _check_fractions(a["test_fraction"], a.get("val_fraction", 0.0))
+        if "unit" in a:
+            _check_unit(a["unit"])
+        if "max_distance" in a:
+            from .dedup import _check_distance
+
+            _check_distance(a["max_distance"])
+
+
 # ---------------------------------------------------------------------------- building blocks
 def _stratified_crop_sides(
     labels: np.ndarray, keys: np.ndarray, idx: np.ndarray, q: float, v: float
@@ -460,8 +524,7 @@ def dedup_split(
     from . import dedup
 
     q, v = _check_fractions(test_fraction, val_fraction)
-    if unit not in ("parent", "group", "patient"):
-        raise SplitError(f"split unit must be 'parent' or 'group' (patient), got {unit!r}")
+    _check_unit(unit)
     unit = "group" if unit in ("group", "patient") else "parent"
     if invariant:
         if hashes is not None or not table.has_images:
@@ -548,14 +611,7 @@ def ladder_split(
         A manifest with one cell per level (``level_0.25``) and a ``level`` column.
     """
     q = _check_test_fraction(test_fraction)
-    try:
-        levels = [float(f) for f in ([levels] if isinstance(levels, str) else levels)]
-    except (TypeError, ValueError):
-        raise SplitError(f"ladder levels must be numbers in [0, 1], got {list(levels) if not isinstance(levels, str) else levels!r}") from None
-    if not levels or any(not 0.0 <= f <= 1.0 for f in levels):
-        raise SplitError(f"ladder levels must lie in [0, 1], got {levels}")
-    if len(set(levels)) != len(levels):
-        raise SplitError(f"ladder levels must be distinct, got {levels}")
+    levels = _check_levels(levels)
     P = table.n_parents
     order = _rng(seed, _LADDER_ORDER).permutation(P)
     rank = np.empty(P, dtype=np.int64)
@@ -757,12 +813,7 @@ def factorial_split(
             the targets of the paper's F2 colour transfer (`interventions.unseen_field_targets`).
             0 (the default) leaves the design, and its hash, as without the option.
     """
-    if not 0.0 < test_parent_share < 1.0:
-        raise SplitError(f"test_parent_share must lie in (0, 1), got {test_parent_share}")
-    if not diversity_contrast >= 1.0:  # also refuses NaN
-        raise SplitError(f"diversity_contrast must be >= 1, got {diversity_contrast}")
-    if not 0.0 <= reserve_parent_share < 1.0:
-        raise SplitError(f"reserve_parent_share must lie in [0, 1), got {reserve_parent_share}")
+    _check_factorial_params(test_parent_share, diversity_contrast, n_per_class, allocation, reserve_parent_share)
     rng = _rng(seed, _FACTORIAL)
     N, C, P = table.n_crops, table.n_classes, table.n_parents
     crop_parent, labels = table.parent_codes, table.label_codes
@@ -808,8 +859,6 @@ def factorial_split(
     reserved = np.sort(others[~keep])
     others = others[keep]
     avail = ~test
-    if allocation not in ("balanced", "proportional"):
-        raise SplitError(f"allocation must be 'balanced' or 'proportional', got {allocation!r}")
     class_n = np.bincount(labels, minlength=C).astype(np.float64)
     weight = np.ones(C) if allocation == "balanced" else class_n / np.maximum(class_n.max(), 1)
 

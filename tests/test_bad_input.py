@@ -1257,3 +1257,182 @@ CONTROL_CASES: list[Case] = [
 @pytest.mark.parametrize("case", CONTROL_CASES, ids=[c.id for c in CONTROL_CASES])
 def test_bad_input_control(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+
+
+# --- issue 20: sweep processes and config limits ---
+# Caps on a sweep config (YAML size, longest scalar, nesting depth, seeds, planned tasks), each
+# refused in one line naming the number and the cap; and silent answers made loud (a key given
+# twice, an empty intervention setting list, an out-of-range split parameter at load time).
+# The caps must hit before the work they guard: the cases below make that work impossible
+# (the parser or the grid expansion raises if reached), so a case that passes did none of it.
+import yaml as _yaml  # noqa: E402
+
+import shortcutlab.sweep.config as _sweep_config_module  # noqa: E402
+
+_I20_YAML = """data:
+  synthetic: {mechanisms: [color], fields_per_class: 4, crop_size: 16}
+split: {protocol: crop, params: {test_fraction: 0.25}}
+seeds: [0]
+models:
+  - {arch: test_resnet, epochs: 1}
+"""
+
+
+def _i20_dry_run(tmp_path, capsys, text: str, *extra: str) -> str:
+    config = _sweep_config(tmp_path, text)
+    return cli_error(["sweep", config, "--out", str(tmp_path / "out"), "--dry-run", *extra], capsys)
+
+
+@pytest.fixture
+def _no_parsing(monkeypatch):
+    """The YAML parser and constructor raise if reached (the byte cap comes first)."""
+    def refuse(*a, **k):
+        raise AssertionError("the YAML was parsed")
+
+    monkeypatch.setattr(_yaml, "parse", refuse)
+    monkeypatch.setattr(_yaml, "load", refuse)
+
+
+@pytest.fixture
+def _no_objects(monkeypatch):
+    """The YAML constructor raises if reached (depth and scalar caps are checked on the event stream)."""
+    def refuse(*a, **k):
+        raise AssertionError("the YAML was turned into objects")
+
+    monkeypatch.setattr(_yaml, "load", refuse)
+
+
+@pytest.fixture
+def _no_grid(monkeypatch):
+    """Expanding any part of the grid raises if reached (the seed and task caps come first)."""
+    def refuse(*a, **k):
+        raise AssertionError("the grid was expanded")
+
+    monkeypatch.setattr(_sweep_config_module, "expand", refuse)
+
+
+def test_i20_sweep_config_over_the_byte_cap_is_refused_unread(tmp_path, capsys, _no_parsing):
+    text = _I20_YAML + "note: " + "a" * 2_000_001 + "\n"  # the 50 MB scalar of the issue, scaled down
+    line = _i20_dry_run(tmp_path, capsys, text)
+    size = len(text.encode())
+    assert f"sweep.yaml: {size:,} bytes of YAML, over the cap of 2,000,000" in line and "--limit bytes=N" in line
+    line = _i20_dry_run(tmp_path, capsys, text, "--limit", f"bytes={size - 1}")
+    assert f"over the cap of {size - 1:,}" in line
+
+
+def test_i20_sweep_config_scalar_over_the_cap_is_refused_before_building_objects(tmp_path, capsys, _no_objects):
+    line = _i20_dry_run(tmp_path, capsys, _I20_YAML + "note: " + "a" * 100_001 + "\n")
+    assert "sweep.yaml: line 7: 100,001 characters in one YAML scalar, over the cap of 100,000" in line
+    assert "--limit scalar=N" in line
+
+
+@pytest.mark.parametrize("style", ["flow", "block"])
+def test_i20_sweep_config_nested_over_the_depth_cap_is_refused_before_building_objects(tmp_path, capsys, _no_objects, style):
+    # 51 levels below `note` (52 with the top-level mapping): refused at the 51st level's line
+    if style == "flow":
+        text = _I20_YAML + "note: " + "[" * 51 + "]" * 51 + "\n"
+        where = "line 7"
+    else:
+        text = _I20_YAML + "note:\n" + "".join("  " * i + "- \n" for i in range(1, 52))
+        where = "line 57"  # the 50th nested sequence starts at the 50th '- ' line: 7 + 50
+    line = _i20_dry_run(tmp_path, capsys, text)
+    assert f"sweep.yaml: {where}: 51 levels of nesting, over the cap of 50" in line and "--limit depth=N" in line
+
+
+def test_i20_sweep_config_thousands_of_levels_deep_is_one_line_not_a_recursion_error(tmp_path, capsys):
+    line = _i20_dry_run(tmp_path, capsys, _I20_YAML + "note: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "sweep.yaml: line 7:" in line and "levels of nesting, over the cap of 50" in line
+
+
+def test_i20_sweep_seeds_over_the_cap_are_refused_before_the_grid(tmp_path, capsys, _no_grid):
+    seeds = "seeds: [" + ", ".join(map(str, range(10_001))) + "]"
+    line = _i20_dry_run(tmp_path, capsys, _I20_YAML.replace("seeds: [0]", seeds))
+    assert "sweep.yaml: seeds: 10,001 seeds, over the cap of 10,000" in line
+    assert "`limits: {seeds: N}` in the config or `--limit seeds=N`" in line
+    line = _i20_dry_run(tmp_path, capsys, _I20_YAML.replace("seeds: [0]", "seeds: [0, 1, 2, 3]"), "--limit", "seeds=3")
+    assert "4 seeds, over the cap of 3" in line
+
+
+def test_i20_sweep_grid_over_the_task_cap_is_refused_before_the_grid(tmp_path, capsys, _no_grid):
+    # by hand: 2 mechanisms x 50 fields_per_class = 100 conditions, 10 seeds; per condition and
+    # seed 1 synthesise + 1 split setting x (1 split + 100 epochs recipes x 4 cells x 3 tasks)
+    # = 100 * 10 * (1 + 1201) = 1,202,000
+    text = _I20_YAML.replace("mechanisms: [color], fields_per_class: 4", f"mechanisms: [color, none], fields_per_class: {list(range(4, 54))}")
+    text = text.replace("{protocol: crop, params: {test_fraction: 0.25}}", "{protocol: factorial}")
+    text = text.replace("seeds: [0]", f"seeds: {list(range(10))}").replace("epochs: 1", f"epochs: {list(range(1, 101))}")
+    line = _i20_dry_run(tmp_path, capsys, text)
+    assert "sweep.yaml: the grid plans up to 1,202,000 tasks, over the cap of 100,000" in line
+    assert "`limits: {tasks: N}` in the config or `--limit tasks=N`" in line
+
+
+def test_i20_sweep_task_cap_is_settable_in_the_config_and_on_the_command_line(tmp_path, capsys):
+    # _I20_YAML plans 1 synthesise + 1 split + train, score, diagnose = 5 tasks
+    line = _i20_dry_run(tmp_path, capsys, _I20_YAML + "limits: {tasks: 4}\n")
+    assert "5 tasks, over the cap of 4" in line
+    line = _i20_dry_run(tmp_path, capsys, _I20_YAML + "limits: {tasks: 5}\n", "--limit", "tasks=4")  # the flag wins
+    assert "5 tasks, over the cap of 4" in line
+    from shortcutlab.cli import main
+
+    assert main(["sweep", _sweep_config(tmp_path, _I20_YAML + "limits: {tasks: 4}\n"), "--out", str(tmp_path / "o"),
+                 "--dry-run", "--limit", "tasks=5"]) == 0
+    assert "5 in all" in capsys.readouterr().out
+
+
+SWEEP_I20_CASES = [
+    Case("sweep-duplicate-top-level-key", _load_sweep(_I20_YAML + "seeds: [1]\n"), SweepConfigError,
+         ("sweep.yaml", "duplicate key 'seeds'", "lines 4 and 7")),
+    Case("sweep-duplicate-nested-key", _load_sweep(_I20_YAML.replace("epochs: 1}", "epochs: 1,\n     epochs: 2}")), SweepConfigError,
+         ("sweep.yaml", "duplicate key 'epochs'", "lines 6 and 7")),
+    Case("sweep-intervention-empty-setting-list",
+         _load_sweep(_I20_YAML + "interventions: {names: [greyscale, low_pass], params: {low_pass: []}}\n"), SweepConfigError,
+         ("sweep.yaml: interventions.params.low_pass:", "empty list", "no setting")),
+    Case("sweep-split-test-fraction-out-of-range", _load_sweep(_I20_YAML.replace("0.25", "1.5")), SweepConfigError,
+         ("sweep.yaml: split.params.test_fraction:", "crop", "between 0 and 1", "1.5")),
+    Case("sweep-split-test-fraction-out-of-range-in-a-list", _load_sweep(_I20_YAML.replace("0.25", "[0.25, 1.5]")), SweepConfigError,
+         ("sweep.yaml: split.params.test_fraction[1]:", "1.5")),
+    Case("sweep-split-val-fraction-leaves-no-train-side",
+         _load_sweep(_I20_YAML.replace("{test_fraction: 0.25}", "{test_fraction: 0.5, val_fraction: 0.5}")), SweepConfigError,
+         ("sweep.yaml: split.params", "val", "test + val < 1")),
+    Case("sweep-factorial-share-out-of-range",
+         _load_sweep(_I20_YAML.replace("{protocol: crop, params: {test_fraction: 0.25}}", "{protocol: factorial, params: {test_parent_share: 1.2}}")),
+         SweepConfigError, ("sweep.yaml: split.params.test_parent_share:", "(0, 1)", "1.2")),
+    Case("sweep-ladder-level-out-of-range",
+         _load_sweep(_I20_YAML.replace("{protocol: crop, params: {test_fraction: 0.25}}", "{protocol: ladder, params: {levels: [0, 2]}}")),
+         SweepConfigError, ("sweep.yaml: split.params.levels:", "[0, 1]", "2.0")),
+    Case("sweep-dedup-distance-out-of-range",
+         _load_sweep(_I20_YAML.replace("{protocol: crop, params: {test_fraction: 0.25}}", "{protocol: parent-dedup, params: {max_distance: 40}}")),
+         SweepConfigError, ("sweep.yaml: split.params.max_distance:", "40")),
+    Case("sweep-reading-limit-set-inside-the-config", _load_sweep(_I20_YAML + "limits: {depth: 100}\n"), SweepConfigError,
+         ("sweep.yaml: limits.depth:", "--limit depth=N")),
+    Case("sweep-unknown-limit", lambda t: _sweep_config_module.load_config(_sweep_config(t, _I20_YAML), limits={"taks": 5}),
+         SweepConfigError, ("unknown limit 'taks'", "did you mean 'tasks'")),
+    Case("sweep-limit-not-positive", _load_sweep(_I20_YAML + "limits: {tasks: 0}\n"), SweepConfigError,
+         ("limits", "'tasks'", "positive integer", "0")),
+]
+
+
+@pytest.mark.parametrize("case", SWEEP_I20_CASES, ids=[c.id for c in SWEEP_I20_CASES])
+def test_bad_input_sweep_i20(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i20_split_parameter_refused_at_load_with_the_split_functions_own_message(tmp_path):
+    # the same check, the same words: the message of the split function itself, run on data
+    from shortcutlab.errors import SplitError
+    from shortcutlab.splits import crop_split, factorial_split
+
+    table = CropTable.from_frame(_pd.DataFrame({"id": list("abcd"), "label": list("xyxy"), "parent": list("ppqq")}), id="id")
+    for call, yaml_split in [(lambda: crop_split(table, test_fraction=1.5), "{protocol: crop, params: {test_fraction: 1.5}}"),
+                             (lambda: factorial_split(table, n_per_class=0), "{protocol: factorial, params: {n_per_class: 0}}")]:
+        with pytest.raises(SplitError) as at_run:
+            call()
+        with pytest.raises(SweepConfigError) as at_load:
+            _sweep_config_module.load_config(_sweep_config(tmp_path, _I20_YAML.replace("{protocol: crop, params: {test_fraction: 0.25}}", yaml_split)))
+        assert str(at_run.value) in str(at_load.value)
+
+
+def test_i20_cli_bad_limit_flag_is_one_line(tmp_path, capsys):
+    line = _i20_dry_run(tmp_path, capsys, _I20_YAML, "--limit", "tasks")
+    assert "--limit takes NAME=N" in line and "'tasks'" in line
+    line = _i20_dry_run(tmp_path, capsys, _I20_YAML, "--limit", "taks=5")
+    assert "unknown limit 'taks'" in line and "did you mean 'tasks'" in line

@@ -265,3 +265,29 @@ def test_the_validity_example_plants_one_mechanism_per_condition_and_reserves_fi
     assert [c.name for c in cfg.conditions] == ["color", "background", "illumination", "focus", "noise", "none"]
     assert all(p["reserve_parent_share"] > 0 for p in cfg.split_params)
     assert "reinhard_unseen_field" in [n for _, n, _ in cfg.interventions]
+
+
+@pytest.mark.parametrize("changes", [
+    {},                                                                                  # factorial, 2 cells, 2 conditions, 2 seeds
+    {"cells": ...},                                                                      # all four cells
+    {"models": [{"arch": "test_resnet", "epochs": [1, 2], "lr": [0.001, 0.01, 0.1]}]},     # six recipes
+    {"split": {"protocol": ["crop", "parent"], "params": {"test_fraction": [0.2, 0.3], "unit": "parent"}}},
+    {"split": {"protocol": "ladder", "params": {"levels": [[0.0, 1.0], [0.0, 0.5, 1.0]]}}, "cells": ...},
+])
+def test_the_task_cap_counts_exactly_the_tasks_the_plan_builds(changes):
+    # the cap is checked arithmetically, before the grid is built: for configs without
+    # duplicate grid points its count equals the built graph's (5 tasks x 2 conditions x 2
+    # seeds, ... as the plan counts them)
+    from shortcutlab.sweep.config import planned_tasks
+
+    cfg = copy.deepcopy(BASE)
+    for k, v in changes.items():
+        cfg = _with(k, v, cfg)
+    assert planned_tasks(cfg) == len(build_plan(validate(cfg)).graph)
+
+
+def test_diagnostics_only_none_means_no_diagnostics_as_the_readme_says():
+    cfg = validate(_with("diagnostics", {"only": "none"}))
+    assert cfg.diagnostics == () and cfg.diagnostic_params == {}
+    assert "diagnose" not in build_plan(cfg).graph.counts()
+    assert cfg.diagnostics == validate(_with("diagnostics", "none")).diagnostics

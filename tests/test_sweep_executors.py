@@ -318,3 +318,96 @@ def test_ray_connects_to_a_running_cluster_and_leaves_it_running(ray_session, tm
     assert sorted(report["calls"]) == sorted(ids.values()) and report["connected_after"] is False
     assert outputs(out) == expected_outputs(graph)
     assert ray.get(ray.put(1)) == 1  # the cluster it joined is still up
+
+
+# --- issue 20: no orphans. A pool worker exits when its parent dies, even by SIGKILL, and
+# takes its own children with it. Checked on real processes through /proc (Linux).
+def sleeper(folder: str, task: Task) -> dict:
+    """A task that records its pid and that of a child process it starts, then sleeps."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(120,))
+    child.start()
+    write_text(os.path.join(folder, f"{task.id}.pids"), f"{os.getpid()} {child.pid}")
+    time.sleep(120)
+    return {}
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (a zombie has exited: only its reaping,
+    which is init's business once the parent is gone, is pending)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+POOL_SCRIPT = """
+import functools, sys
+sys.path.insert(0, {tests!r})
+from shortcutlab.sweep import LocalExecutor, TaskGraph
+from test_sweep_executors import sleeper
+g = TaskGraph()
+tasks = [g[g.add("sleep", {{"i": i}})] for i in range(2)]
+LocalExecutor(workers=2).run(tasks, functools.partial(sleeper, {folder!r}))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the process table from /proc")
+def test_pool_workers_and_their_children_exit_when_the_parent_is_sigkilled(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = POOL_SCRIPT.format(tests=os.path.join(root, "tests"), folder=str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=root)
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE)
+    pids: list[int] = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and parent.poll() is None:
+            files = [f for f in os.listdir(tmp_path) if f.endswith(".pids")]
+            if len(files) == 2:
+                pids = [int(p) for f in files for p in (tmp_path / f).read_text().split()]
+                break
+            time.sleep(0.1)
+        assert parent.poll() is None, parent.stderr.read().decode()[-800:]
+        assert len(pids) == 4 and all(_running(p) for p in pids)  # two workers, each with a child, all mid-task
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 10  # the watch polls every 0.5 s; PR_SET_PDEATHSIG is immediate on Linux
+        while time.time() < deadline and any(_running(p) for p in pids):
+            time.sleep(0.1)
+        assert [p for p in pids if _running(p)] == []
+    finally:
+        for p in [parent.pid, *pids]:
+            if _running(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_watch_parent_ends_a_process_whose_parent_is_gone():
+    # the portable half alone (no prctl): a process whose recorded parent is not its parent
+    # ends itself within a poll, with exit status 1
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    from shortcutlab.sweep import executors
+
+    proc = ctx.Process(target=_watch_then_sleep, args=(os.getpid() + 10**6,))
+    proc.start()
+    proc.join(60)
+    alive = proc.is_alive()
+    if alive:
+        proc.kill()
+    assert not alive and proc.exitcode == 1
+    assert executors.PARENT_POLL_S <= 1
+
+
+def _watch_then_sleep(parent_pid: int) -> None:
+    from shortcutlab.sweep import executors
+
+    executors._set_pdeathsig = lambda: None
+    executors._watch_parent(parent_pid, poll_s=0.05)
+    time.sleep(60)

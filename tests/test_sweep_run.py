@@ -221,3 +221,76 @@ def test_dry_run_shows_the_device_of_each_train_task_and_models_trained_on_anoth
     assert not any(l.startswith("note:") for l in lines)  # same device: nothing to retrain
     assert trained_on_other_devices(out, "cpu") == {}
     assert trained_on_other_devices(out, "cuda:0") == {"cpu": 2}
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if rest[0] != "Z":  # a zombie has exited already
+                children.setdefault(int(rest[1]), []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the process table from /proc")
+def test_sigkill_of_a_sweep_with_two_workers_leaves_no_process_behind(tmp_path):
+    # issue 20: both workers of `sweep --workers 2` outlived a SIGKILLed parent forever
+    cfg = dict(TINY, seeds=[0, 1], models=[{"arch": "test_resnet", "epochs": 200, "lr": 0.001}])
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, "-m", "shortcutlab", "sweep", str(path), "--out", out, "--workers", "2", "--quiet"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    below: list[int] = []
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:  # until both workers have run a task
+            below = _descendants(proc.pid)
+            workers = [p for p in below if "spawn_main" in _cmdline(p)]
+            if len(workers) == 2 and len(_task_folders(out, "synthesise")[0]) == 2:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read().decode()[-500:]}"
+        assert len(workers) == 2
+        below = _descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.time() + 10  # the workers poll their parent every 0.5 s
+        while time.time() < deadline and any(map(_alive, below)):
+            time.sleep(0.1)
+        left = [(p, _cmdline(p)) for p in below if _alive(p)]
+        assert left == []
+    finally:
+        for p in [proc.pid, *below]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass

@@ -17,6 +17,7 @@ Schema (every key but `data`, `split`, `seeds` and `models` optional)::
     diagnostics: {only: [parent_probe], params: {parent_probe: {n_folds: 4}}}
     device: cpu
     threads: 1
+    limits: {tasks: 100000, seeds: 10000}   # caps (DEFAULT_LIMITS); `sweep --limit NAME=N` sets any
 
 Lists expand to a grid: a list of mechanisms gives one data condition per entry (an entry may
 itself be a list: mechanisms planted together), a list for any other synthetic setting, split
@@ -40,13 +41,26 @@ class SweepConfigError(ShortcutlabError):
     """A sweep config is invalid; the message names the file, the key path, the value and what is allowed."""
 
 
-TOP_KEYS = ("data", "split", "seeds", "models", "cells", "interventions", "diagnostics", "device", "threads")
+TOP_KEYS = ("data", "split", "seeds", "models", "cells", "interventions", "diagnostics", "device", "threads", "limits")
 REQUIRED = ("data", "split", "seeds", "models")
 SYNTH_KEYS = ("mechanisms", "strength", "strengths", "fields_per_class", "mean_cells_per_field", "crop_size", "field_size",
               "n_classes", "class_signal", "mixed_fields", "mix_dominance", "baseline_noise", "illumination_shading")
 MANIFEST_KEYS = ("path", "id", "label", "parent", "image", "mask", "name")
 #: settings whose single value is itself a list: a list of lists expands
 LIST_VALUED = frozenset({"levels", "rrc_scale", "rrc_ratio"})
+#: Caps checked before the work they guard, so a runaway config is refused in one line at once
+#: rather than planning or parsing for minutes. `bytes`, `scalar` and `depth` guard the YAML
+#: parsing itself (the file's size, its longest scalar in characters, its nesting depth) and
+#: are set with `--limit NAME=N`; `seeds` and `tasks` (the planned task count, computed
+#: arithmetically from the list lengths before the grid is built) may also be set in the
+#: config's `limits:` mapping. The defaults are far above real studies: the schema nests
+#: five levels, a 100-seed x 20-condition x 4-cell x 5-model study plans about 26,000 tasks,
+#: and a 10,000-seed list is 70 kB of YAML.
+DEFAULT_LIMITS = {"bytes": 2_000_000, "scalar": 100_000, "depth": 50, "seeds": 10_000, "tasks": 100_000}
+#: the limits a config's own `limits:` mapping may set (the others guard reading it)
+CONFIG_LIMITS = ("seeds", "tasks")
+_LIMIT_WHAT = {"bytes": "bytes of YAML", "scalar": "characters in one YAML scalar", "depth": "levels of nesting",
+               "seeds": "seeds", "tasks": "tasks"}
 #: diagnostics left out by default: the score task measures accuracy under each intervention
 DEFAULT_EXCLUDED_DIAGNOSTICS = ("interventions",)
 
@@ -178,34 +192,115 @@ class SweepConfig:
 
 
 # ------------------------------------------------------------------------------- loading
-def load_config(path: str | os.PathLike) -> SweepConfig:
+def check_limits(limits: Mapping[str, Any] | None, where: str = "--limit") -> dict[str, int]:
+    """`DEFAULT_LIMITS` updated with `limits` (each a positive integer; names checked)."""
+    out = dict(DEFAULT_LIMITS)
+    for k, v in (limits or {}).items():
+        if k not in DEFAULT_LIMITS:
+            raise SweepConfigError(f"{where}: unknown limit {k!r}{_close(k, DEFAULT_LIMITS)} Limits: {', '.join(DEFAULT_LIMITS)}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise SweepConfigError(f"{where}: limit {k!r} must be a positive integer; got {_type_name(v)} {v!r}")
+        out[k] = v
+    return out
+
+
+def _over(source: str, name: str, n: int, cap: int, lead: str = "") -> SweepConfigError:
+    """'sweep.yaml: seeds: 20,000 seeds, over the cap of 10,000; raise it with ...'"""
+    how = f"`limits: {{{name}: N}}` in the config or `--limit {name}=N`" if name in CONFIG_LIMITS else f"`--limit {name}=N`"
+    where = f"{source}: " if source else ""
+    return SweepConfigError(f"{where}{lead}{n:,} {_LIMIT_WHAT[name]}, over the cap of {cap:,}; raise it with {how} if you mean it")
+
+
+def _yaml_loader(yaml):
+    """A safe loader (libyaml's when installed) that refuses a key given twice in one mapping."""
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.setdefault(key, key_node.start_mark.line + 1)
+                    except TypeError:  # an unhashable key: the base class names it
+                        continue
+                    if first != key_node.start_mark.line + 1:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} at lines {first} and {key_node.start_mark.line + 1} "
+                            "(the later would silently win; give it once)", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+def _check_events(yaml, text: str, Loader, limits: dict, path: str) -> None:
+    """Nesting depth and scalar length from the event stream (iterative: no recursion, and no
+    object is built), so a deep or huge config is refused while it is being read."""
+    depth = 0
+    for ev in yaml.parse(text, Loader=Loader):
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > limits["depth"]:
+                raise _over(path, "depth", depth, limits["depth"], f"line {ev.start_mark.line + 1}: ")
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        elif isinstance(ev, yaml.ScalarEvent) and len(ev.value) > limits["scalar"]:
+            raise _over(path, "scalar", len(ev.value), limits["scalar"], f"line {ev.start_mark.line + 1}: ")
+
+
+def load_config(path: str | os.PathLike, limits: Mapping[str, int] | None = None) -> SweepConfig:
     """Read and validate a YAML sweep config.
 
+    Args:
+        path: the YAML file.
+        limits: caps over `DEFAULT_LIMITS` (the config's own `limits:` mapping overrides
+            the defaults of `seeds` and `tasks`, and `limits` overrides both).
+
     Raises:
-        SweepConfigError: the file is missing or not YAML, or any key is wrong (named).
+        SweepConfigError: the file is missing, too large, too deep or not YAML, a key is given
+            twice in one mapping (both lines named), the grid is over a cap, or any key is
+            wrong (named).
     """
     import yaml
 
     path = os.fspath(path)
+    caps = check_limits(limits)
     if not os.path.isfile(path):
         raise SweepConfigError(f"sweep config {path!r} does not exist or is not a file")
+    size = os.path.getsize(path)
+    if size > caps["bytes"]:
+        raise _over(path, "bytes", size, caps["bytes"])
+    Loader = _yaml_loader(yaml)
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            text = f.read()
+        _check_events(yaml, text, Loader, caps, path)
+        raw = yaml.load(text, Loader=Loader)  # noqa: S506 - a safe loader (see _yaml_loader)
     except UnicodeDecodeError as e:
         raise SweepConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
+        if "maximum nesting depth" in str(getattr(e, "problem", "")):  # libyaml's own cap (1,000) met while scanning ahead
+            line = f"line {mark.line + 1}: " if mark is not None else ""
+            raise SweepConfigError(f"{path}: {line}over 1,000 levels of nesting, over the cap of {caps['depth']:,} "
+                                   "(and over libyaml's own cap of 1,000)") from None
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         raise SweepConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
-    return validate(raw, source=path, base_dir=os.path.dirname(os.path.abspath(path)))
+    except RecursionError:  # only past a depth cap raised far above the default
+        raise SweepConfigError(f"{path}: nested too deeply to read; lower the nesting or the --limit depth") from None
+    return validate(raw, source=path, base_dir=os.path.dirname(os.path.abspath(path)), limits=limits)
 
 
-def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepConfig:
+def validate(raw: Any, source: str = "", base_dir: str | None = None, limits: Mapping[str, int] | None = None) -> SweepConfig:
     """Validate a config mapping (as read from YAML) into a `SweepConfig`.
 
     Relative paths (a manifest, a checkpoint) are resolved against `base_dir` (the config
-    file's folder; default the working directory).
+    file's folder; default the working directory). The seed count and the planned task count
+    are capped (`DEFAULT_LIMITS`, then the config's `limits:`, then `limits`) before the grid
+    is built.
     """
     ck = _Checker(source)
     base_dir = base_dir or os.getcwd()
@@ -222,7 +317,11 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepCo
     threads = ck.typed("threads", raw.get("threads", 1), (int,), "a positive integer (torch threads per task)")
     if threads < 1:
         raise ck.error("threads", f"expected a positive integer (torch threads per task); got {threads!r}")
-    seeds = _seeds(ck, raw["seeds"])
+    caps = _limits(ck, raw.get("limits"), limits)
+    seeds = _seeds(ck, raw["seeds"], caps["seeds"])
+    n_tasks = planned_tasks(raw)
+    if n_tasks > caps["tasks"]:
+        raise _over(source, "tasks", n_tasks, caps["tasks"], "the grid plans up to ")
     conditions = _data(ck, raw["data"], base_dir)
     protocols, split_params = _split(ck, raw["split"])
     models = _models(ck, raw["models"], base_dir, conditions)
@@ -236,18 +335,105 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None) -> SweepCo
                        threads=threads, source=source, raw=raw)
 
 
-def _seeds(ck: _Checker, value: Any) -> tuple[int, ...]:
+def _limits(ck: _Checker, value: Any, given: Mapping[str, int] | None) -> dict[str, int]:
+    """The caps: the defaults, then the config's `limits:` (seeds, tasks), then `given`."""
+    if value is None:
+        value = {}
+    if isinstance(value, Mapping):
+        early = next((k for k in value if k in DEFAULT_LIMITS and k not in CONFIG_LIMITS), None)
+        if early is not None:
+            raise ck.error(f"limits.{early}", f"{early!r} caps the reading of this very file, so it cannot be set inside it; "
+                           f"use `--limit {early}=N` (the config may set {', '.join(CONFIG_LIMITS)})")
+    v = ck.keys("limits", value, CONFIG_LIMITS)
+    caps = check_limits(v, where=f"{ck.source}: limits" if ck.source else "limits")
+    return {**caps, **{k: n for k, n in check_limits(given).items() if given and k in given}}
+
+
+def _n_values(key: str, value: Any) -> int:
+    return len(_grid_values(key, value)) if isinstance(value, list) else 1
+
+
+def _product(mapping: Any, keys=None) -> int:
+    n = 1
+    if isinstance(mapping, Mapping):
+        for k, v in mapping.items():
+            if keys is None or k in keys:
+                n *= _n_values(k, v)
+    return n
+
+
+def planned_tasks(raw: Mapping) -> int:
+    """An upper bound on the tasks a config plans, from its list lengths alone (nothing is
+    expanded, so a runaway grid is refused at once): per condition and seed one synthesise
+    task, per split setting one split task, per trained model and cell a train, a score and
+    a diagnose task, per model trained elsewhere a score and a diagnose task per split.
+    Parts not yet checked count as one."""
+    import inspect
+
+    from ..splits import _PROTOCOLS
+
+    data = raw.get("data")
+    n_cond, synth = 1, 0
+    if isinstance(data, Mapping) and "synthetic" in data:
+        s = data["synthetic"] if isinstance(data["synthetic"], Mapping) else {}
+        from ..synth import MECHANISMS
+
+        mech = s.get("mechanisms", list(MECHANISMS))
+        n_cond = max(len(mech), 1) if isinstance(mech, list) else 1
+        n_cond *= _product({k: v for k, v in s.items() if k != "mechanisms"})
+        synth = 1
+    seeds = raw.get("seeds")
+    n_seeds = max(len(seeds), 1) if isinstance(seeds, list) else 1
+    split = raw.get("split")
+    protocols, params = ["factorial"], {}
+    if isinstance(split, Mapping):
+        protocols = split.get("protocol", protocols)
+        protocols = [p for p in (protocols if isinstance(protocols, list) else [protocols]) if isinstance(p, str)]
+        params = split.get("params") if isinstance(split.get("params"), Mapping) else {}
+    elif isinstance(split, str):
+        protocols = [split]
+    n_split, n_cells = 0, 1
+    for p in protocols:
+        fn = _PROTOCOLS.get(p)
+        n_split += _product(params, set(inspect.signature(fn).parameters) if fn else set())
+        if p == "factorial":
+            n_cells = max(n_cells, 4)
+        elif p == "ladder":
+            levels = params.get("levels", [0] * 5)
+            n_cells = max(n_cells, max((len(x) for x in _grid_values("levels", levels) if isinstance(x, list)), default=1))
+    cells = raw.get("cells")
+    if isinstance(cells, list) and cells and n_cells > 1:
+        n_cells = len(cells)
+    models = raw.get("models")
+    models = models if isinstance(models, list) else [models]
+    n_train = n_wrap = n_ckpt = 0
+    for m in models:
+        if isinstance(m, Mapping) and "classes" in m:
+            n_wrap += 1
+        elif isinstance(m, Mapping) and "checkpoint" in m:
+            n_ckpt += 1
+        else:
+            n_train += _product(m)
+    per_split = 1 + n_train * n_cells * 3 + n_wrap * 2
+    return n_cond * n_seeds * (synth + max(n_split, 1) * per_split) + n_ckpt * 2
+
+
+def _seeds(ck: _Checker, value: Any, cap: int = DEFAULT_LIMITS["seeds"]) -> tuple[int, ...]:
     values = value if isinstance(value, list) else [value]
     if not values:
         raise ck.error("seeds", "expected a non-empty list of non-negative integers; got []")
+    if len(values) > cap:
+        raise _over(ck.source, "seeds", len(values), cap, "seeds: ")
     for i, s in enumerate(values):
         p = f"seeds[{i}]" if isinstance(value, list) else "seeds"
         ck.typed(p, s, (int,), "a non-negative integer")
         if s < 0:
             raise ck.error(p, f"expected a non-negative integer; got {s!r}")
-    dup = [s for s in values if values.count(s) > 1]
-    if dup:
-        raise ck.error("seeds", f"seed {dup[0]} is listed twice; each replicate needs its own seed")
+    seen: set[int] = set()
+    for s in values:
+        if s in seen:
+            raise ck.error("seeds", f"seed {s} is listed twice; each replicate needs its own seed")
+        seen.add(s)
     return tuple(values)
 
 
@@ -422,9 +608,19 @@ def _split(ck: _Checker, value: Any) -> tuple[tuple[str, ...], tuple[dict, ...]]
                 if x is not None:
                     ck.typed(p, x, (int, float), "a number")
     # each protocol takes the parameters it accepts (test_fraction is shared by crop and parent)
+    from ..splits import check_params
+
     settings: list[dict] = []
     for protocol in protocols:
         for point in expand({k: v for k, v in params.items() if k in accepted[protocol]}):
+            # the protocol's own range checks, without data: refused now, not when the split task runs
+            try:
+                check_params(protocol, **point)
+            except ShortcutlabError as e:
+                bad = _param_culprit(str(e), point) or next((k for k in point if k.replace("_", " ") in str(e)), "")
+                listed = bad and isinstance(params.get(bad), list) and len(_grid_values(bad, params[bad])) > 1
+                at = f"[{_grid_values(bad, params[bad]).index(point[bad])}]" if listed else ""
+                raise ck.error(f"split.params{'.' + bad + at if bad else ''}", f"{protocol}: {e}") from None
             setting = {"protocol": protocol, **point}
             if setting not in settings:
                 settings.append(setting)
@@ -668,6 +864,9 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
         if cls.label_conditioned and n != "reinhard_unseen_field":
             raise ck.error(p, f"intervention {n!r} is label-conditioned and the sweep cannot choose its targets")
         settings = params.get(n, {})
+        if settings == []:
+            raise ck.error(f"interventions.params.{n}", f"an empty list gives no setting, so {n!r} would be scored under none; give a "
+                           "mapping of its parameters ({} for the defaults) or a non-empty list of them")
         settings = settings if isinstance(settings, list) else [settings]
         for j, s in enumerate(settings):
             ps = f"interventions.params.{n}" + (f"[{j}]" if len(settings) > 1 else "")
@@ -677,9 +876,11 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
     for k in params:
         if k not in names:
             raise ck.error(f"interventions.params.{k}", f"{k!r} is not among interventions.names{_close(k, names)} ({', '.join(names)})")
-    dup = [s for s, _, _ in out if [o[0] for o in out].count(s) > 1]
-    if dup:
-        raise ck.error("interventions.names", f"intervention setting {dup[0]!r} is listed twice")
+    seen: set[str] = set()
+    for s, _, _ in out:
+        if s in seen:
+            raise ck.error("interventions.names", f"intervention setting {s!r} is listed twice")
+        seen.add(s)
     return tuple(out)
 
 
@@ -713,6 +914,8 @@ def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:
     v = ck.keys("diagnostics", value, ("only", "params"))
     allowed = probes.available()
     only = v.get("only")
+    if only == "none":  # as `diagnostics: none`
+        only = []
     if only is None:
         only = [n for n in allowed if n not in DEFAULT_EXCLUDED_DIAGNOSTICS]
     else:
