@@ -47,6 +47,11 @@ class DiagnosticError(ShortcutlabError):
     """A diagnostic got input it cannot use; the message names the diagnostic and the cause."""
 
 
+class DiagnosticWarning(UserWarning):
+    """A diagnostic's input is valid but degenerate (crops it cannot probe, features that carry
+    nothing); the result records it too."""
+
+
 def row(ctx: "DiagnosticContext | None", diagnostic: str, metric: str, value: float, *, setting: str = "",
         ci: tuple[float, float] | None = None, n: int | None = None, **extra: Any) -> dict:
     """One tidy result row.
