@@ -121,6 +121,25 @@ def cache_key(model: torch.nn.Module, images: torch.Tensor, ids, masks=None, tra
     return h.hexdigest()
 
 
+def _load_cached(path: str) -> np.ndarray:
+    """The (N, D) float features of a cache file, or a `DiagnosticError` naming the file and the
+    way out when it cannot be read as one (truncated, overwritten, not a .npy file)."""
+    why = None
+    try:
+        feats = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+    else:
+        if not isinstance(feats, np.ndarray) or feats.ndim != 2 or not np.issubdtype(feats.dtype, np.floating):
+            why = f"it holds {getattr(feats, 'dtype', type(feats).__name__)} of shape {getattr(feats, 'shape', '?')}, not (N, D) float features"
+    if why is not None:
+        raise DiagnosticError(
+            f"feature cache file {path} is corrupt ({why}); delete it (it is recomputed), "
+            "or run without the cache (shortcutlab diagnose --no-cache; cache_dir=None)"
+        )
+    return feats
+
+
 def extract_features(
     adapter,
     crops,
@@ -166,7 +185,7 @@ def extract_features(
         key = cache_key(adapter, images, ids, masks, transform_key if transform is not None else None)
         path = os.path.join(os.fspath(cache_dir), f"{key}.npy")
         if os.path.exists(path):
-            feats = np.load(path)
+            feats = _load_cached(path)
             if feats.shape[0] == images.shape[0]:
                 return feats if index is None else feats[np.asarray(index)]
     rows = np.arange(images.shape[0]) if (index is None or path is not None) else np.asarray(index)
