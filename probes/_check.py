@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
-from .parent_probe import ParentProbe, _bad, _check_int, check_features, clone_probe, probe_rows
+from .parent_probe import ParentProbe, _bad, _check_int, check_features, clone_probe, probe_rows, require
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +86,7 @@ def check_rows_index(who: str, name: str, rows, n: int) -> np.ndarray:
 
 def check_inputs(who: str, X, labels, parents, train_idx, test_sets: Mapping, check_on: str | None):
     """Validated ``(X, labels, parents, train_idx, check_on)``; check_on defaults to the first test set."""
+    require(who, labels=labels, parents=parents)
     X, labels, parents = check_features(who, X, labels, parents)
     train_idx = check_rows_index(who, "train_idx", train_idx, X.shape[0])
     if len(train_idx) == 0:

@@ -171,6 +171,13 @@ def check_features(who: str, X, labels=None, parents=None, *, names=("labels", "
     return tuple(out)
 
 
+def require(who: str, **arrays) -> None:
+    """A `DiagnosticError` naming the first of the required per-crop `arrays` that is None."""
+    for name, arr in arrays.items():
+        if arr is None:
+            raise DiagnosticError(f"{who} needs {name}, one per crop (an (N,) array); got None")
+
+
 def _check_codes(who: str, name: str, arr: np.ndarray) -> np.ndarray:
     """`arr` unchanged when every entry names a class or parent that can be sorted with the
     others; a `DiagnosticError` naming the rows otherwise (None or NaN, or mixed types such
@@ -354,9 +361,7 @@ class ParentProbe:
         """
         k, Cs = self._params()
         who = "ParentProbe"
-        for name, arr in (("labels", labels), ("parents", parents)):
-            if arr is None:
-                raise DiagnosticError(f"{who}.fit needs {name}, one per crop (an (N,) array); got None")
+        require(f"{who}.fit", labels=labels, parents=parents)
         X, labels, parents = check_features(who, X, labels, parents)
         N = X.shape[0]
         if N == 0:
