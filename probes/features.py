@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .base import DiagnosticError
+from .base import DiagnosticError, eval_mode
 
 
 def weights_hash(model: torch.nn.Module) -> str:
@@ -190,21 +190,15 @@ def extract_features(
                 return feats if index is None else feats[np.asarray(index)]
     rows = np.arange(images.shape[0]) if (index is None or path is not None) else np.asarray(index)
     device = adapter.device
-    modes = [(m, m.training) for m in adapter.modules()]  # restored exactly afterwards
-    adapter.eval()
     out = []
-    try:
-        with torch.no_grad():
-            for b in tqdm(range(0, len(rows), batch_size), desc="features", disable=not progress, leave=False):
-                idx = torch.from_numpy(rows[b : b + batch_size])
-                x = _batch(images, idx, device).to(adapter.dtype)
-                if transform is not None:
-                    m = None if masks is None else masks[idx].to(device=device, dtype=x.dtype)
-                    x = transform(x, m)
-                out.append(adapter.features(x).float().cpu())
-    finally:
-        for m, mode in modes:
-            m.training = mode
+    with eval_mode(adapter), torch.no_grad():  # every module's mode restored exactly afterwards
+        for b in tqdm(range(0, len(rows), batch_size), desc="features", disable=not progress, leave=False):
+            idx = torch.from_numpy(rows[b : b + batch_size])
+            x = _batch(images, idx, device).to(adapter.dtype)
+            if transform is not None:
+                m = None if masks is None else masks[idx].to(device=device, dtype=x.dtype)
+                x = transform(x, m)
+            out.append(adapter.features(x).float().cpu())
     d = adapter.num_features
     feats = torch.cat(out).numpy() if out else np.zeros((0, d), dtype=np.float32)
     if path is not None:

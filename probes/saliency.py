@@ -100,14 +100,13 @@ from torch import nn
 
 from shortcutlab.adapter import ModelAdapter, ModelError, reinit_parameters
 
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
+from .base import Diagnostic, DiagnosticContext, DiagnosticError, eval_mode, row
 from .registry import register
 
 __all__ = [
     "GradCamDiagnostic",
     "HeadCheck",
     "cascade_blocks",
-    "eval_mode",
     "fast_path_reason",
     "gradcam",
     "outside_mass",
@@ -137,24 +136,6 @@ def _check_batch(adapter: ModelAdapter, x, who: str) -> int:
     if x.shape[0] == 0:
         raise DiagnosticError(f"{who} needs at least one crop; got a batch of shape {tuple(x.shape)}")
     return int(x.shape[0])
-
-
-@contextlib.contextmanager
-def eval_mode(adapter: ModelAdapter) -> Iterator[None]:
-    """Run the block with every module of the adapter in eval mode; put back each module's own
-    train / eval flag on exit, also after an error.
-
-    In training mode a forward pass updates batch-norm running statistics (and draws dropout):
-    saliency maps would change the user's model and depend on the batch. The maps are always
-    those of the model in eval mode.
-    """
-    modes = [(m, m.training) for m in adapter.modules()]
-    adapter.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
 
 
 def _check_options(relu, upsample, path) -> None:
