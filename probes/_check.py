@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
-from .parent_probe import ParentProbe, _bad, _check_int, check_features, clone_probe, probe_rows
+from .parent_probe import ParentProbe, _bad, _check_int, check_features, clone_probe, probe_rows, require
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,14 +60,41 @@ class CheckOutcome:
     passed: bool
 
 
+def check_rows_index(who: str, name: str, rows, n: int) -> np.ndarray:
+    """(m,) int64 row positions in [0, n), or a `DiagnosticError` naming `name` and the value.
+
+    Floats (even whole ones), booleans and negative positions are refused: numpy would truncate
+    0.5 to row 0, read a boolean mask as rows 0 and 1, and take -1 as the last row, silently.
+    """
+    arr = np.asarray(rows.detach().cpu() if hasattr(rows, "detach") else rows)
+    if arr.ndim != 1:
+        raise DiagnosticError(f"{who}: {name} must be a 1-D array of row positions; got shape {arr.shape}")
+    if arr.size and arr.dtype == bool:
+        raise DiagnosticError(f"{who}: {name} must hold row positions, not a boolean mask; use np.flatnonzero(mask)")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        first = arr.flat[0].item() if hasattr(arr.flat[0], "item") else arr.flat[0]
+        raise DiagnosticError(f"{who}: {name} must hold integer row positions in [0, {n}); got dtype {arr.dtype} (e.g. {first!r})")
+    arr = arr.astype(np.int64, copy=False)
+    bad = (arr < 0) | (arr >= n)
+    if bad.any():
+        raise DiagnosticError(
+            f"{who}: {name} must hold row positions in [0, {n}) (the feature rows); got {int(arr[bad][0])} "
+            f"({int(bad.sum())} of {arr.size} out of range)"
+        )
+    return arr
+
+
 def check_inputs(who: str, X, labels, parents, train_idx, test_sets: Mapping, check_on: str | None):
     """Validated ``(X, labels, parents, train_idx, check_on)``; check_on defaults to the first test set."""
+    require(who, labels=labels, parents=parents)
     X, labels, parents = check_features(who, X, labels, parents)
-    train_idx = np.asarray(train_idx, dtype=np.int64)
+    train_idx = check_rows_index(who, "train_idx", train_idx, X.shape[0])
     if len(train_idx) == 0:
         raise DiagnosticError(f"{who} needs training rows (train_idx is empty)")
     if not test_sets:
         raise DiagnosticError(f"{who} needs at least one test set (name -> rows)")
+    for name, rows in test_sets.items():
+        check_rows_index(who, f"test_sets[{name!r}]", rows, X.shape[0])
     check_on = next(iter(test_sets)) if check_on is None else check_on
     if check_on not in test_sets:
         raise DiagnosticError(f"{who}: check_on={check_on!r} is not a test set; the test sets are {sorted(test_sets)}")

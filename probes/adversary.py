@@ -57,7 +57,7 @@ from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit
 from ._logistic import standardise, torch_threads
 from .base import DiagnosticContext, DiagnosticError, row
 from .leace import _as_numpy
-from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, clone_probe, fitted_probe
+from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, clone_probe, fitted_probe, require
 from .registry import register
 
 __all__ = ["AdversaryCheck", "LinearAdversary", "LinearAdversaryDiagnostic", "adversary_check", "remeasure_R"]
@@ -134,6 +134,7 @@ class LinearAdversary:
         """
         self._check_params()
         who = "LinearAdversary"
+        require(f"{who}.fit", labels=labels, parents=parents)
         X, labels, parents = check_features(who, X, labels, parents)
         classes, y = np.unique(labels, return_inverse=True)
         y = y.reshape(-1)

@@ -29,9 +29,10 @@ Example:
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
@@ -45,6 +46,29 @@ NEEDS = frozenset({"features", "masks", "head", "split"})
 
 class DiagnosticError(ShortcutlabError):
     """A diagnostic got input it cannot use; the message names the diagnostic and the cause."""
+
+
+@contextlib.contextmanager
+def eval_mode(adapter) -> Iterator[None]:
+    """Run the block with every module of the adapter in eval mode; put back each module's own
+    train / eval flag on exit, also after an error.
+
+    In training mode a forward pass updates batch-norm running statistics (and draws dropout):
+    a diagnostic would change the user's model and depend on the batch. Every forward pass of
+    the diagnostics on the user's model runs inside this (features, predictions, Grad-CAM).
+    """
+    modes = [(m, m.training) for m in adapter.modules()]
+    adapter.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+class DiagnosticWarning(UserWarning):
+    """A diagnostic's input is valid but degenerate (crops it cannot probe, features that carry
+    nothing); the result records it too."""
 
 
 def row(ctx: "DiagnosticContext | None", diagnostic: str, metric: str, value: float, *, setting: str = "",
@@ -81,7 +105,8 @@ class DiagnosticContext:
     """Everything diagnostics may use about one trained model.
 
     Attributes:
-        adapter: the wrapped model (`shortcutlab.wrap`); put it in eval mode first.
+        adapter: the wrapped model (`shortcutlab.wrap`); diagnostics run it in eval mode
+            (`eval_mode`), whatever its mode, and leave its mode and statistics as they were.
         crops: the crops as `shortcutlab.data.CropImages` (images, masks, table).
         side: (N,) side of each table row: 0 train, 1 val, 2 test, -1 not in the split.
         run_id: names the model in the rows.

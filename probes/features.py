@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .base import DiagnosticError
+from .base import DiagnosticError, eval_mode
 
 
 def weights_hash(model: torch.nn.Module) -> str:
@@ -121,6 +121,25 @@ def cache_key(model: torch.nn.Module, images: torch.Tensor, ids, masks=None, tra
     return h.hexdigest()
 
 
+def _load_cached(path: str) -> np.ndarray:
+    """The (N, D) float features of a cache file, or a `DiagnosticError` naming the file and the
+    way out when it cannot be read as one (truncated, overwritten, not a .npy file)."""
+    why = None
+    try:
+        feats = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+    else:
+        if not isinstance(feats, np.ndarray) or feats.ndim != 2 or not np.issubdtype(feats.dtype, np.floating):
+            why = f"it holds {getattr(feats, 'dtype', type(feats).__name__)} of shape {getattr(feats, 'shape', '?')}, not (N, D) float features"
+    if why is not None:
+        raise DiagnosticError(
+            f"feature cache file {path} is corrupt ({why}); delete it (it is recomputed), "
+            "or run without the cache (shortcutlab diagnose --no-cache; cache_dir=None)"
+        )
+    return feats
+
+
 def extract_features(
     adapter,
     crops,
@@ -166,26 +185,20 @@ def extract_features(
         key = cache_key(adapter, images, ids, masks, transform_key if transform is not None else None)
         path = os.path.join(os.fspath(cache_dir), f"{key}.npy")
         if os.path.exists(path):
-            feats = np.load(path)
+            feats = _load_cached(path)
             if feats.shape[0] == images.shape[0]:
                 return feats if index is None else feats[np.asarray(index)]
     rows = np.arange(images.shape[0]) if (index is None or path is not None) else np.asarray(index)
     device = adapter.device
-    modes = [(m, m.training) for m in adapter.modules()]  # restored exactly afterwards
-    adapter.eval()
     out = []
-    try:
-        with torch.no_grad():
-            for b in tqdm(range(0, len(rows), batch_size), desc="features", disable=not progress, leave=False):
-                idx = torch.from_numpy(rows[b : b + batch_size])
-                x = _batch(images, idx, device).to(adapter.dtype)
-                if transform is not None:
-                    m = None if masks is None else masks[idx].to(device=device, dtype=x.dtype)
-                    x = transform(x, m)
-                out.append(adapter.features(x).float().cpu())
-    finally:
-        for m, mode in modes:
-            m.training = mode
+    with eval_mode(adapter), torch.no_grad():  # every module's mode restored exactly afterwards
+        for b in tqdm(range(0, len(rows), batch_size), desc="features", disable=not progress, leave=False):
+            idx = torch.from_numpy(rows[b : b + batch_size])
+            x = _batch(images, idx, device).to(adapter.dtype)
+            if transform is not None:
+                m = None if masks is None else masks[idx].to(device=device, dtype=x.dtype)
+                x = transform(x, m)
+            out.append(adapter.features(x).float().cpu())
     d = adapter.num_features
     feats = torch.cat(out).numpy() if out else np.zeros((0, d), dtype=np.float32)
     if path is not None:

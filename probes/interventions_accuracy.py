@@ -21,7 +21,7 @@ import torch
 
 from shortcutlab.stats import wilson_interval
 
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
+from .base import Diagnostic, DiagnosticContext, DiagnosticError, eval_mode, row
 from .registry import register
 
 
@@ -124,7 +124,7 @@ def predict_test_side(ctx: DiagnosticContext, fn=None, targets: dict | None = No
     batch altered by ``fn(x, mask, **targets)`` first when `fn` is given."""
     idx = ctx.test_idx
     out = []
-    with torch.no_grad():
+    with torch.no_grad(), eval_mode(ctx.adapter):
         for b in range(0, len(idx), ctx.batch_size):
             sel = idx[b : b + ctx.batch_size]
             x, m = ctx.batch(sel)

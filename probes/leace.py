@@ -72,7 +72,7 @@ from torch import nn
 from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
 from ._logistic import fit_multinomial, standardise, torch_threads
 from .base import DiagnosticContext, DiagnosticError, row
-from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, fitted_probe
+from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, fitted_probe, require
 from .registry import register
 
 __all__ = ["ErasureCheck", "HeadRefit", "LeaceDiagnostic", "LeaceErasure", "erasure_check", "refit_head"]
@@ -222,6 +222,7 @@ class LeaceErasure:
         who = "LeaceErasure"
         if self.within_class and labels is None:
             raise DiagnosticError(f"{who}(within_class=True) needs labels= (one class per crop) to residualise the parent code on")
+        require(f"{who}.fit", parents=parents)
         X, parents, labels = check_features(who, X, parents, labels, names=("parents", "labels"))
         n_par = len(np.unique(parents))
         if X.shape[0] < 2 or n_par < 2:

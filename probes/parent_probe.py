@@ -22,6 +22,9 @@ features, scored on **held-out siblings**:
   class with fewer than two such cells (nothing to choose between). Their crops are excluded,
   counted (``n_singleton_parents_``, ``n_single_parent_classes_``, ``n_excluded_``) and
   announced with a warning, never dropped silently.
+- **Constant features**: columns constant over the probed crops are counted
+  (``n_constant_features_``); when all are, the features carry nothing, R is no measurement,
+  and a `DiagnosticWarning` says so.
 
 **The probe.** Features are standardised on each fit's training rows (constant columns keep
 scale 1) and scikit-learn's ``LogisticRegression(C=C, tol=tol, max_iter=max_iter)`` objective
@@ -96,7 +99,7 @@ import pandas as pd
 from shortcutlab.stats import wilson_interval
 
 from ._logistic import blas_threads, fit_multinomial, standardise
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
+from .base import Diagnostic, DiagnosticContext, DiagnosticError, DiagnosticWarning, row
 from .registry import register
 
 __all__ = ["ParentProbe", "ParentProbeDiagnostic", "check_features", "sibling_folds", "wilson_interval"]
@@ -160,12 +163,45 @@ def check_features(who: str, X, labels=None, parents=None, *, names=("labels", "
             raise DiagnosticError(f"{who} needs {name} as a 1-D array (one per crop); got shape {arr.shape}")
         if len(arr) != X.shape[0]:
             raise DiagnosticError(f"{who} needs one entry of {name} per feature row; features have {X.shape[0]} rows but {name} has {len(arr)}")
-        out.append(arr)
+        out.append(_check_codes(who, name, arr))
     finite = np.isfinite(X).all(axis=1)
     if not finite.all():
         bad = np.flatnonzero(~finite)
         raise DiagnosticError(f"{who} features must be finite; rows {bad[:5].tolist()} hold NaN or inf ({len(bad)} rows)")
     return tuple(out)
+
+
+def require(who: str, **arrays) -> None:
+    """A `DiagnosticError` naming the first of the required per-crop `arrays` that is None."""
+    for name, arr in arrays.items():
+        if arr is None:
+            raise DiagnosticError(f"{who} needs {name}, one per crop (an (N,) array); got None")
+
+
+def _check_codes(who: str, name: str, arr: np.ndarray) -> np.ndarray:
+    """`arr` unchanged when every entry names a class or parent that can be sorted with the
+    others; a `DiagnosticError` naming the rows otherwise (None or NaN, or mixed types such
+    as 3 and '3', which np.unique cannot order)."""
+    if arr.dtype.kind == "f":
+        missing = np.isnan(arr)
+    elif arr.dtype == object:
+        missing = np.array([v is None or (isinstance(v, (float, np.floating)) and math.isnan(v)) for v in arr], dtype=bool)
+    else:
+        return arr
+    if missing.any():
+        bad = np.flatnonzero(missing)
+        raise DiagnosticError(
+            f"{who} needs a value of {name} for every crop; rows {bad[:5].tolist()} hold None or NaN ({len(bad)} rows)"
+        )
+    if arr.dtype == object:
+        try:
+            np.unique(arr)
+        except TypeError:
+            kinds = sorted({type(v).__name__ for v in arr})
+            raise DiagnosticError(
+                f"{who} needs {name} of one type; got a mix of {', '.join(kinds)} (e.g. 3 and '3' would be two {name})"
+            ) from None
+    return arr
 
 
 def sibling_folds(cells: np.ndarray, n_folds: int, random_state: int | np.random.Generator | None = 0) -> np.ndarray:
@@ -257,6 +293,8 @@ class ParentProbe:
         n_singleton_parents_: (class, parent) cells with one crop, excluded.
         n_single_parent_classes_: classes with fewer than two probe-able parents, excluded.
         n_excluded_: crops excluded for either reason.
+        n_constant_features_: feature columns constant over the probed crops (all of them:
+            the features carry nothing, and a `DiagnosticWarning` says so).
         per_class_: DataFrame, one row per class that has crops: ``class, n_scored,
             n_parents, R, floor, above_floor, n_excluded, probed``.
         folds_: (N,) fold of each crop (-1: excluded).
@@ -323,6 +361,7 @@ class ParentProbe:
         """
         k, Cs = self._params()
         who = "ParentProbe"
+        require(f"{who}.fit", labels=labels, parents=parents)
         X, labels, parents = check_features(who, X, labels, parents)
         N = X.shape[0]
         if N == 0:
@@ -356,7 +395,17 @@ class ParentProbe:
                 f"(no sibling to learn from) and {n_single_class} class(es) with fewer than two parents of two or more crops"
                 + (f" ({', '.join(lost_classes[:5])})" if lost_classes else "")
                 + "; counted in n_singleton_parents_, n_single_parent_classes_, n_excluded_",
-                UserWarning, stacklevel=2,
+                DiagnosticWarning, stacklevel=2,
+            )
+        # Constant columns carry nothing (standardising keeps their scale 1); when every column
+        # is constant over the probed crops the probe can only guess, so R measures nothing.
+        Xk = X[keep]
+        n_const = int((Xk == Xk[:1]).all(axis=0).sum())
+        if n_const == X.shape[1]:
+            warnings.warn(
+                f"{who}: all {n_const} feature column(s) are constant over the {int(keep.sum())} probed crops: the features "
+                "carry no parent information and R is not a measurement (counted in n_constant_features_)",
+                DiagnosticWarning, stacklevel=2,
             )
 
         # Per class: crops, local parent codes.
@@ -502,6 +551,7 @@ class ParentProbe:
         self.n_singleton_parents_ = n_single
         self.n_single_parent_classes_ = n_single_class
         self.n_excluded_ = n_excl
+        self.n_constant_features_ = n_const
         self.folds_ = folds
         pred_names = np.empty(N, dtype=object)
         pred_names[keep] = par_names[predicted[keep]]
@@ -579,6 +629,7 @@ def probe_rows(ctx: DiagnosticContext | None, name: str, probe: ParentProbe, *, 
             row(ctx, name, "n_singleton_parents", probe.n_singleton_parents_, setting=setting, n=n),
             row(ctx, name, "n_single_parent_classes", probe.n_single_parent_classes_, setting=setting, n=n),
             row(ctx, name, "n_excluded", probe.n_excluded_, setting=setting, n=n),
+            row(ctx, name, "n_constant_features", probe.n_constant_features_, setting=setting, n=n),
         ]
     if per_class:
         for r in probe.per_class_[probe.per_class_["probed"]].itertuples(index=False):
@@ -596,7 +647,8 @@ class ParentProbeDiagnostic(Diagnostic):
     """Parent recoverability R and its class-only floor on a model's frozen features.
 
     Rows (metric): ``R`` (Wilson interval, n = scored crops), ``floor``, ``above_floor``,
-    ``n_singleton_parents``, ``n_single_parent_classes``, ``n_excluded``; then ``R``, ``floor``,
+    ``n_singleton_parents``, ``n_single_parent_classes``, ``n_excluded``,
+    ``n_constant_features``; then ``R``, ``floor``,
     ``above_floor`` per class with setting ``class=<name>``.
 
     Args:

@@ -9,6 +9,8 @@ A plug-in's ``pyproject.toml``::
 
 from __future__ import annotations
 
+import inspect
+
 from shortcutlab.plugins import Registry
 
 from .base import Diagnostic, DiagnosticError
@@ -26,3 +28,25 @@ load_entry_points = REGISTRY.load_entry_points
 def available(needs: str | None = None) -> list[str]:
     """Sorted registered diagnostic names; with `needs`, only those that need it."""
     return sorted(n for n, c in REGISTRY.classes().items() if needs is None or needs in c.needs)
+
+
+def settings(name: str) -> dict:
+    """The settings of the diagnostic registered as `name`: ``{argument: default}`` of its
+    ``__init__`` (`inspect.Parameter.empty` for one without a default), in signature order."""
+    cls = get_class(name)
+    out = {}
+    for p in inspect.signature(cls.__init__).parameters.values():
+        if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            out[p.name] = p.default
+    return out
+
+
+def describe() -> list[dict]:
+    """One entry per registered diagnostic, sorted by name: ``name``, ``needs`` (sorted),
+    ``summary`` (the first line of its docstring) and ``settings`` (`settings`)."""
+    out = []
+    for name in available():
+        cls = get_class(name)
+        doc = (cls.__doc__ or "").strip()
+        out.append({"name": name, "needs": sorted(cls.needs), "summary": doc.splitlines()[0] if doc else "", "settings": settings(name)})
+    return out

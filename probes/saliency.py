@@ -100,7 +100,7 @@ from torch import nn
 
 from shortcutlab.adapter import ModelAdapter, ModelError, reinit_parameters
 
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
+from .base import Diagnostic, DiagnosticContext, DiagnosticError, eval_mode, row
 from .registry import register
 
 __all__ = [
@@ -127,6 +127,15 @@ def _check_adapter(adapter) -> ModelAdapter:
         raise DiagnosticError(f"Grad-CAM needs a shortcutlab ModelAdapter (shortcutlab.wrap(model)); got {type(adapter).__name__}")
     adapter.cam_layer  # noqa: B018 - raises ModelError naming cam_layer= when there is none
     return adapter
+
+
+def _check_batch(adapter: ModelAdapter, x, who: str) -> int:
+    """B of a batch the adapter accepts (a float (B, 3, H, W) tensor in [0, 1] on its device and
+    dtype: `InputError` otherwise) with at least one crop; before any targets or masks are read."""
+    adapter._check_input(x)
+    if x.shape[0] == 0:
+        raise DiagnosticError(f"{who} needs at least one crop; got a batch of shape {tuple(x.shape)}")
+    return int(x.shape[0])
 
 
 def _check_options(relu, upsample, path) -> None:
@@ -447,20 +456,22 @@ def _build_twin(adapter: ModelAdapter, pairs, x: torch.Tensor) -> ModelAdapter |
 def fast_path_reason(adapter: ModelAdapter, x: torch.Tensor) -> str | None:
     """Why the fast path does not apply to `adapter` on batch `x`; None when it does.
 
-    The fast path needs: eval mode, a head that is one ``nn.Linear``, features equal to the
+    The fast path needs (in eval mode, as `gradcam` runs): a head that is one ``nn.Linear``, features equal to the
     spatial mean of the cam_layer's (reshaped) activations, logits equal to
     ``head(features)``, and (the derivative) d logit_k / dA = W_k / (h w) at every position for
     each crop's predicted class k, all checked numerically on `x` (one forward pass and a
     backward pass from the logits to the cam_layer).
     """
     adapter = _check_adapter(adapter)
+    _check_batch(adapter, x, "fast_path_reason")
     size = tuple(x.shape[-2:])
-    p = _forward(adapter, x, grad=True)
-    a = adapter.cam_reshape(p.raw.detach(), size)
-    why = _fast_reason(adapter, p, a)
-    if why is None:
-        t = p.logits.detach().argmax(dim=1)
-        why = _uniform_grad_reason(adapter, _grad(adapter, p, t, size), t)
+    with eval_mode(adapter):  # as gradcam runs it
+        p = _forward(adapter, x, grad=True)
+        a = adapter.cam_reshape(p.raw.detach(), size)
+        why = _fast_reason(adapter, p, a)
+        if why is None:
+            t = p.logits.detach().argmax(dim=1)
+            why = _uniform_grad_reason(adapter, _grad(adapter, p, t, size), t)
     return why
 
 
@@ -476,8 +487,9 @@ def gradcam(
 ) -> torch.Tensor:
     """Grad-CAM maps of a batch on ``adapter.cam_layer`` (see the module docstring).
 
-    Runs in the model's current train / eval mode (call ``adapter.eval()`` first); no
-    parameter gradient is accumulated.
+    Runs the model in eval mode whatever its mode (`eval_mode`: each module's train / eval
+    flag is put back afterwards, so batch-norm statistics are never updated); no parameter
+    gradient is accumulated.
 
     Args:
         adapter: a `ModelAdapter` with a cam_layer.
@@ -496,13 +508,15 @@ def gradcam(
         (B, H, W) maps (or (B, h, w) with ``upsample=None``), in the model's dtype.
 
     Raises:
-        ModelError: the adapter has no cam_layer. DiagnosticError: bad targets or options.
+        ModelError: the adapter has no cam_layer. InputError: x is not a (B, 3, H, W) float
+        batch the model takes. DiagnosticError: an empty batch, bad targets or options.
     """
     adapter = _check_adapter(adapter)
     _check_options(relu, upsample, path)
-    b = int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() >= 1 else 0
+    b = _check_batch(adapter, x, "gradcam")
     t = _check_targets(targets, b, adapter.device)
-    cam = _cams(adapter, x, t, path, fold=True)[0]
+    with eval_mode(adapter):
+        cam = _cams(adapter, x, t, path, fold=True)[0]
     return _finish(cam, relu, x.shape[-2:], upsample)
 
 
@@ -656,8 +670,10 @@ def cascade_blocks(adapter: ModelAdapter, x: torch.Tensor) -> list[str]:
     parameters owned by the model itself (a ViT's class token and position embedding).
     """
     adapter = _check_adapter(adapter)
+    _check_batch(adapter, x, "cascade_blocks")
     order: list[str] = []
-    _forward(adapter, x, grad=False, order=order)
+    with eval_mode(adapter):
+        _forward(adapter, x, grad=False, order=order)
     return _blocks_from_order(adapter, order)
 
 
@@ -816,8 +832,9 @@ def randomized_head_check(
 ) -> HeadCheck:
     """Grad-CAM before and after re-initialising the head (and the last `cascade` blocks).
 
-    See the module docstring for the definition. The model's weights and modes are restored
-    exactly before this returns or raises.
+    See the module docstring for the definition. The maps are those of the model in eval mode
+    (as `gradcam`); the model's weights, batch-norm statistics and modes are restored exactly
+    before this returns or raises.
 
     Args:
         adapter: a `ModelAdapter` with a cam_layer (put it in eval mode first).
@@ -837,11 +854,12 @@ def randomized_head_check(
     adapter = _check_adapter(adapter)
     _check_options(relu, upsample, path)
     seed, cascade = _check_seed(seed), _check_cascade(cascade)
-    b = int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() >= 1 else 0
+    b = _check_batch(adapter, x, "randomized_head_check")
     t = _check_targets(targets, b, adapter.device)
-    if masks is not None and isinstance(x, torch.Tensor) and x.dim() == 4 and upsample is not None:
+    if masks is not None and upsample is not None:
         _check_masks(masks, b, tuple(x.shape[-2:]))  # fail before any forward pass
-    return _head_checks(adapter, x, t, masks, seed, [cascade], relu, upsample, path, warn=True)[0]
+    with eval_mode(adapter):
+        return _head_checks(adapter, x, t, masks, seed, [cascade], relu, upsample, path, warn=True)[0]
 
 
 # ------------------------------------------------------------------------ diagnostic
@@ -959,9 +977,7 @@ class GradCamDiagnostic(Diagnostic):
         paths: set[str] = set()
         labels = ctx.labels
         empty = no_mass = 0
-        modes = [(m, m.training) for m in adapter.modules()]
-        adapter.eval()
-        try:
+        with eval_mode(adapter):
             for s in tqdm(range(0, n, ctx.batch_size), desc="gradcam", disable=not ctx.progress, leave=False):
                 bi = idx[s : s + ctx.batch_size]
                 x, m = ctx.crops.float_batch(torch.from_numpy(bi), device=adapter.device)
@@ -976,9 +992,6 @@ class GradCamDiagnostic(Diagnostic):
                     rho[k].append(c.spearman.cpu().numpy())
                     rom[k].append(c.randomized_outside_mass.cpu().numpy())
                     paths.add(c.path)
-        finally:
-            for mod, mode in modes:
-                mod.training = mode
 
         def cat(parts):
             return np.concatenate(parts) if parts else np.zeros(0)

@@ -501,6 +501,30 @@ def _diagnose_params(items: list[str]) -> dict[str, dict]:
     return out
 
 
+def _diagnose_listing() -> str:
+    """`diagnose --list`: each registered diagnostic, what it needs, and its settings with
+    their defaults as --param takes them (JSON values)."""
+    import inspect
+    import json
+
+    import probes.registry as reg
+
+    def value(v) -> str:
+        if v is inspect.Parameter.empty:
+            return "(required)"
+        try:
+            return json.dumps(list(v) if isinstance(v, tuple) else v)
+        except TypeError:
+            return repr(v)
+
+    lines = []
+    for d in reg.describe():
+        lines.append(f"{d['name']}  (needs: {', '.join(d['needs']) or 'nothing'})  {d['summary']}")
+        lines += [f"    {d['name']}.{k}={value(v)}" for k, v in d["settings"].items()]
+    lines.append("set one with --param DIAGNOSTIC.KEY=VALUE (VALUE read as JSON), e.g. --param leace.ranks=[8,64]")
+    return "\n".join(lines)
+
+
 def cmd_diagnose(args) -> int:
     import time
 
@@ -508,6 +532,11 @@ def cmd_diagnose(args) -> int:
 
     from .runs import Run, load_run, load_run_data, read_record
 
+    if args.list:
+        print(_diagnose_listing())
+        return 0
+    if not args.run:
+        raise ShortcutlabError("diagnose needs a RUN folder (written by `shortcutlab train`); or --list to list the diagnostics")
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
     params = _diagnose_params(args.param)
     for name in (only or []) + list(params):
@@ -774,7 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     d = sub.add_parser("diagnose", help="run the probes, saliency and intervention diagnostics on a trained run")
-    d.add_argument("run", help="run folder written by `shortcutlab train` (or, with --arch, where to write)")
+    d.add_argument("run", nargs="?", help="run folder written by `shortcutlab train` (or, with --arch, where to write)")
+    d.add_argument("--list", action="store_true", help="list the registered diagnostics and their settings (defaults), then exit")
     d.add_argument("--manifest", help="crop manifest CSV (default: the one run.json records)")
     d.add_argument("--split", help="split manifest CSV (default: the one run.json records)")
     d.add_argument("--cell", help="cell of a multi-cell split (default: the run's)")

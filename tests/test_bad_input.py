@@ -1436,3 +1436,141 @@ def test_i20_cli_bad_limit_flag_is_one_line(tmp_path, capsys):
     assert "--limit takes NAME=N" in line and "'tasks'" in line
     line = _i20_dry_run(tmp_path, capsys, _I20_YAML, "--limit", "taks=5")
     assert "unknown limit 'taks'" in line and "did you mean 'tasks'" in line
+# --- issue 20: library input checks and probe messages ----------------------------------------
+import numpy as _lib_np  # noqa: E402  (imports of this section, kept beside the cases that use them)
+import torch as _lib_torch  # noqa: E402
+
+from shortcutlab.adapter import InputError as _LibInputError  # noqa: E402
+
+
+def _lib_probe_data():
+    """24 crops, 8 parents of 3 crops, 2 classes: a valid ParentProbe input to break one way."""
+    X = _lib_np.random.default_rng(0).normal(size=(24, 3))
+    parents = _lib_np.arange(24) // 3
+    return X, parents % 2, parents
+
+
+def _lib_parent_probe(labels=None, parents=None, drop=None):
+    def call(tmp_path):
+        from probes import ParentProbe
+
+        X, lab, par = _lib_probe_data()
+        lab = lab if labels is None else labels(lab)
+        par = par if parents is None else parents(par)
+        ParentProbe(n_folds=2, Cs=1.0).fit(X, None if drop == "labels" else lab, None if drop == "parents" else par)
+
+    return call
+
+
+def _lib_with(arr, row: int, value):
+    out = arr.astype(object) if value is None or isinstance(value, str) else arr.astype(float)
+    out[row] = value
+    return out
+
+
+def _lib_check(fn: str, train_idx=None, test=None):
+    def call(tmp_path):
+        import probes
+
+        X, lab, par = _lib_probe_data()
+        kw = dict(train_idx=_lib_np.arange(12) if train_idx is None else train_idx,
+                  test_sets={"test": _lib_np.arange(12, 24) if test is None else test})
+        if fn == "adversary_check":
+            kw["adversary"] = probes.LinearAdversary(steps=1)
+        getattr(probes, fn)(X, lab, par, **kw)
+
+    return call
+
+
+def _lib_saliency(fn: str, shape):
+    def call(tmp_path):
+        import probes
+
+        getattr(probes, fn)(_saliency_net(), _lib_torch.rand(*shape))
+
+    return call
+
+
+def _lib_corrupt_cache(data: bytes):
+    def call(tmp_path):
+        from probes import extract_features
+        from shortcutlab.adapter import wrap
+
+        _lib_torch.manual_seed(0)
+        net = _lib_torch.nn.Sequential(_lib_torch.nn.Conv2d(3, 4, 3), _lib_torch.nn.AdaptiveAvgPool2d(1), _lib_torch.nn.Flatten(), _lib_torch.nn.Linear(4, 2))
+        adapter = wrap(net, head="3", mean=0.5, std=0.25)
+        crops = _lib_torch.randint(0, 256, (4, 3, 8, 8), dtype=_lib_torch.uint8)
+        cache = tmp_path / "feats"
+        extract_features(adapter, crops, cache_dir=cache)
+        (path,) = cache.iterdir()  # the one cache file just written
+        path.write_bytes(data)
+        extract_features(adapter, crops, cache_dir=cache)
+
+    return call
+
+
+_LIB_BAD_CACHES = {"truncated": b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (4, 4), }" + b" " * 45 + b"\n\x00\x00",
+                   "not-npy": b"hello, not an array"}
+
+
+def _lib_int_cache(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    _lib_np.save(buf, _lib_np.arange(4))
+    _lib_corrupt_cache(buf.getvalue())(tmp_path)
+
+
+LIB_CASES: list[Case] = [
+    Case("lib-parent-probe-none-parent", _lib_parent_probe(parents=lambda p: _lib_with(p, 5, None)), DiagnosticError, ("ParentProbe", "parents", "rows [5]", "None")),
+    Case("lib-parent-probe-nan-parent", _lib_parent_probe(parents=lambda p: _lib_with(p, 7, float("nan"))), DiagnosticError, ("parents", "rows [7]", "NaN")),
+    Case("lib-parent-probe-none-label", _lib_parent_probe(labels=lambda l: _lib_with(l, 2, None)), DiagnosticError, ("labels", "rows [2]", "None")),
+    Case("lib-parent-probe-mixed-parent-types", _lib_parent_probe(parents=lambda p: _lib_with(p, 0, "0")), DiagnosticError, ("parents", "one type", "int", "str")),
+    Case("lib-parent-probe-parents-none", _lib_parent_probe(drop="parents"), DiagnosticError, ("ParentProbe.fit needs parents", "got None")),
+    Case("lib-leace-parents-none", lambda t: __import__("probes").LeaceErasure().fit(_lib_probe_data()[0], None), DiagnosticError,
+         ("LeaceErasure.fit needs parents", "got None")),
+    Case("lib-adversary-parents-none", lambda t: __import__("probes").LinearAdversary(steps=1).fit(_lib_probe_data()[0], _lib_probe_data()[1], None),
+         DiagnosticError, ("LinearAdversary.fit needs parents", "got None")),
+    Case("lib-erasure-check-labels-none", lambda t: __import__("probes").erasure_check(_lib_probe_data()[0], None, _lib_probe_data()[2],
+         train_idx=_lib_np.arange(12), test_sets={"test": _lib_np.arange(12, 24)}), DiagnosticError, ("erasure_check needs labels", "got None")),
+    Case("lib-erasure-check-train-idx-minus-one", _lib_check("erasure_check", train_idx=_lib_np.array([-1, 0, 1, 2, 3])), DiagnosticError,
+         ("erasure_check", "train_idx", "[0, 24)", "got -1")),
+    Case("lib-erasure-check-train-idx-floats", _lib_check("erasure_check", train_idx=_lib_np.arange(12) + 0.5), DiagnosticError,
+         ("erasure_check", "train_idx", "integer row positions", "float64", "0.5")),
+    Case("lib-erasure-check-train-idx-whole-floats", _lib_check("erasure_check", train_idx=_lib_np.arange(12.0)), DiagnosticError,
+         ("train_idx", "integer row positions", "float64")),
+    Case("lib-erasure-check-train-idx-mask", _lib_check("erasure_check", train_idx=_lib_np.arange(24) < 12), DiagnosticError,
+         ("train_idx", "boolean mask", "np.flatnonzero")),
+    Case("lib-erasure-check-train-idx-out-of-range", _lib_check("erasure_check", train_idx=_lib_np.arange(20, 30)), DiagnosticError,
+         ("train_idx", "[0, 24)", "got 24", "6 of 10")),
+    Case("lib-erasure-check-test-rows-out-of-range", _lib_check("erasure_check", test=_lib_np.array([12, 40])), DiagnosticError,
+         ("test_sets['test']", "[0, 24)", "got 40")),
+    Case("lib-adversary-check-train-idx-minus-one", _lib_check("adversary_check", train_idx=_lib_np.array([0, 1, -1])), DiagnosticError,
+         ("adversary_check", "train_idx", "got -1")),
+    Case("lib-gradcam-empty-batch", _lib_saliency("gradcam", (0, 3, 16, 16)), DiagnosticError, ("gradcam", "at least one crop", "(0, 3, 16, 16)")),
+    Case("lib-gradcam-one-crop-without-batch-dim", _lib_saliency("gradcam", (3, 16, 16)), _LibInputError, ("(B, 3, H, W)", "(3, 16, 16)", "unsqueeze(0)")),
+    Case("lib-head-check-empty-batch", _lib_saliency("randomized_head_check", (0, 3, 16, 16)), DiagnosticError,
+         ("randomized_head_check", "at least one crop", "(0, 3, 16, 16)")),
+    Case("lib-head-check-one-crop-without-batch-dim", _lib_saliency("randomized_head_check", (3, 16, 16)), _LibInputError, ("(B, 3, H, W)", "(3, 16, 16)")),
+    Case("lib-feature-cache-truncated", _lib_corrupt_cache(_LIB_BAD_CACHES["truncated"]), DiagnosticError, ("feature cache file", ".npy", "corrupt", "--no-cache", "delete it")),
+    Case("lib-feature-cache-not-npy", _lib_corrupt_cache(_LIB_BAD_CACHES["not-npy"]), DiagnosticError, ("feature cache file", ".npy", "--no-cache")),
+    Case("lib-feature-cache-not-features", _lib_int_cache, DiagnosticError, ("feature cache file", "int64", "(4,)", "--no-cache")),
+]
+
+
+@pytest.mark.parametrize("case", LIB_CASES, ids=[c.id for c in LIB_CASES])
+def test_bad_input_lib(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_lib_gradcam_empty_batch_is_refused_before_targets(tmp_path) -> None:
+    """The batch is checked first: bad targets for an empty batch name the batch, not the targets."""
+    from probes import gradcam
+
+    with pytest.raises(DiagnosticError, match="at least one crop"):
+        gradcam(_saliency_net(), _lib_torch.rand(0, 3, 16, 16), targets=[0, 1])
+
+
+def test_lib_cli_diagnose_without_a_run_names_list(tmp_path, capsys) -> None:
+    line = cli_error(["diagnose"], capsys)
+    assert "RUN folder" in line and "--list" in line

@@ -81,6 +81,27 @@ def test_every_diagnostic_keeps_the_contract(name, context):
     assert len(a) == len(b) and all(x[:2] == y[:2] and (x[2] == y[2] or (math.isnan(x[2]) and math.isnan(y[2]))) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_model_in_train_mode_is_measured_in_eval_mode_and_left_untouched(name, context):
+    """A model left in train mode: every forward pass runs in eval mode (`probes.base.eval_mode`),
+    so the BatchNorm statistics stay bit-identical, each module's flag comes back, and the rows
+    equal those of the same model in eval mode."""
+    import copy
+
+    adapter = copy.deepcopy(context.adapter).train()
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in adapter.modules())
+    ctx = DiagnosticContext(adapter, context.crops, context.side, run_id="tiny", batch_size=32)
+    before = _state(adapter)
+    rows = probes.get(name).run(ctx)
+    after = _state(adapter)
+    assert all(torch.equal(before[k], after[k]) for k in before), f"{name} changed the model's state (BatchNorm statistics?)"
+    assert all(m.training for m in adapter.modules()), f"{name} left the model in eval mode"
+    want = probes.get(name).run(DiagnosticContext(copy.deepcopy(context.adapter).eval(), context.crops, context.side, run_id="tiny", batch_size=32))
+    a = [(r["setting"], r["metric"], r["value"]) for r in rows]
+    b = [(r["setting"], r["metric"], r["value"]) for r in want]
+    assert len(a) == len(b) and all(x[:2] == y[:2] and (x[2] == y[2] or (math.isnan(x[2]) and math.isnan(y[2]))) for x, y in zip(a, b))
+
+
 def test_needs_are_checked_before_running(context):
     no_masks = DiagnosticContext(context.adapter, CropImages(context.crops.images, None, context.table), context.side)
     for name in probes.available(needs="masks"):

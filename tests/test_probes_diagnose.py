@@ -250,3 +250,31 @@ def test_diagnose_fits_the_r_before_probe_once(run, monkeypatch):
     shared = probes.diagnose(r.adapter, crops, sm, only=list(SHARING), params=SHARING, run_id="r")
     assert len(fits) == 1
     pd.testing.assert_frame_equal(alone, shared)
+
+
+def test_cli_diagnose_list_names_every_diagnostic_and_settings_it_accepts(capsys):
+    """`diagnose --list` (what `--only` and `--param` refer to): every registered diagnostic
+    with its needs, and each setting's default written as --param takes it; each listed value,
+    read back as JSON, builds the diagnostic."""
+    import inspect
+
+    from shortcutlab.cli import main
+
+    assert main(["diagnose", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    heads = {line.split()[0]: line for line in out if line and not line.startswith(" ") and "(needs:" in line}
+    assert sorted(heads) == probes.available()
+    for name, line in heads.items():
+        assert ", ".join(sorted(probes.get_class(name).needs)) in line
+    listed: dict[str, dict] = {}
+    for line in out:
+        if line.startswith("    "):
+            key, _, value = line.strip().partition("=")
+            diag, _, setting = key.partition(".")
+            listed.setdefault(diag, {})[setting] = json.loads(value)
+    for name in probes.available():
+        params = [p for p in inspect.signature(probes.get_class(name).__init__).parameters if p != "self"]
+        assert list(listed[name]) == params
+        for setting, value in listed[name].items():
+            probes.get(name, **{setting: value})  # the listed default is a value --param accepts
+    assert listed["leace"]["ranks"] == [256] and listed["parent_probe"]["n_folds"] == 4 and listed["gradcam"]["seed"] is None

@@ -249,3 +249,32 @@ def test_diagnostic_on_a_missing_side_names_it() -> None:
     ctx = context_with_features(X, labels, parents)
     with pytest.raises(DiagnosticError, match="no test crops"):
         get("parent_probe", on="test").run(ctx)
+
+
+# ------------------------------------------------------------------------------ constant features
+def test_constant_features_are_warned_and_counted() -> None:
+    """All columns constant: the features carry nothing. Standardised to zero, the probe keeps its
+    intercept only and names each class's largest training parent: by hand, with 3 folds each
+    training set holds 4 crops of p1 (p3) and 2 of p2 (p4), so every crop is called p1 (p3) and
+    R = 12 / 18 = the floor. The warning says so and the record counts the columns."""
+    import warnings
+
+    from probes import DiagnosticWarning
+    from probes.parent_probe import probe_rows
+
+    parents = np.array(["p1"] * 6 + ["p2"] * 3 + ["p3"] * 6 + ["p4"] * 3)
+    labels = np.array(["a"] * 9 + ["b"] * 9)
+    X = np.full((18, 2), 3.5)
+    with pytest.warns(DiagnosticWarning, match="all 2 feature column"):
+        probe = ParentProbe(n_folds=3, Cs=1.0).fit(X, labels, parents)
+    assert probe.n_constant_features_ == 2
+    assert probe.R_ == pytest.approx(12 / 18) and probe.floor_ == pytest.approx(12 / 18)
+    rows = {r["metric"]: r["value"] for r in probe_rows(None, "parent_probe", probe, per_class=False)}
+    assert rows["n_constant_features"] == 2
+    # One constant column among three: counted, not warned (dead channels are common).
+    X2 = np.random.default_rng(0).normal(size=(18, 3))
+    X2[:, 1] = -1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        probe2 = ParentProbe(n_folds=3, Cs=1.0).fit(X2, labels, parents)
+    assert probe2.n_constant_features_ == 1

@@ -301,8 +301,8 @@ def test_fast_path_is_detected_not_assumed():
     with pytest.raises(DiagnosticError, match="fast path does not apply"):
         gradcam(vit, x32, None, path="fast")
     adapter = tiny()
-    adapter.train()
-    assert "training mode" in fast_path_reason(adapter, x32)
+    adapter.train()  # checked as gradcam runs it, in eval mode; the mode is put back
+    assert fast_path_reason(adapter, x32) is None and adapter.model.training
     adapter.eval()
     # a map that is not what the head pools: features from conv2 pooled (before the ReLU)
     torch.manual_seed(0)
@@ -442,7 +442,7 @@ def test_weights_identical_after_check(mode, cascade):
     before = state_copy(adapter)
     modes = [mod.training for mod in adapter.modules()]
     check = randomized_head_check(adapter, x, None, m, seed=5, cascade=cascade)
-    assert check.path == ("fast" if mode == "eval" else "autograd")
+    assert check.path == "fast"  # in eval mode whatever the model's mode
     assert check.cascade_blocks == ("layer4.1", "layer4.0")[:cascade]
     assert not torch.equal(check.maps, check.randomized_maps)
     assert check.outside_mass.shape == (4,) and check.randomized_outside_mass.shape == (4,)
@@ -581,3 +581,83 @@ def test_parent_bootstrap_intervals_match_closed_forms():
     nan = np.where(np.arange(400) % 7 == 0, np.nan, v)
     assert np.isfinite(_cluster_bootstrap(nan, np.arange(400), "median", n_boot=200, seed=1)).all()
     assert all(math.isnan(b) for b in _cluster_bootstrap(np.full(5, np.nan), np.arange(5), "mean", n_boot=200, seed=1))
+
+
+# ------------------------------------------------------- train mode: run in eval, put back
+class _BnNet(nn.Module):
+    """conv -> BN -> dropout -> relu (cam layer) -> GAP -> linear: train mode would update the
+    BN statistics and draw dropout masks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.drop = nn.Dropout(0.5)
+        self.act = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.act(self.drop(self.bn(self.conv(x))))).flatten(1))
+
+
+def _bn_adapter():
+    torch.manual_seed(0)
+    adapter = wrap(_BnNet(), head="fc", cam_layer="act", mean=0.5, std=0.25)
+    random_bn(adapter, seed=1)
+    return adapter
+
+
+def _modes(adapter) -> list[bool]:
+    return [m.training for m in adapter.modules()]
+
+
+@pytest.mark.parametrize("call", ["gradcam", "randomized_head_check", "fast_path_reason", "cascade_blocks"])
+def test_train_mode_leaves_batchnorm_statistics_and_modes_untouched(call):
+    """In train mode a forward pass would update running_mean / running_var /
+    num_batches_tracked: every saliency entry point runs in eval mode and puts back each
+    module's own flag (here a mix: the model training, its dropout in eval)."""
+    adapter = _bn_adapter()
+    adapter.train()
+    adapter.model.drop.eval()
+    modes = _modes(adapter)
+    before = state_copy(adapter)
+    assert "bn.num_batches_tracked" in before
+    x = batch(4, 16, seed=2)
+    fn = {"gradcam": lambda: gradcam(adapter, x, None), "randomized_head_check": lambda: randomized_head_check(adapter, x, None, seed=3),
+          "fast_path_reason": lambda: fast_path_reason(adapter, x), "cascade_blocks": lambda: saliency.cascade_blocks(adapter, x)}[call]
+    fn()
+    assert_same_state(adapter, before)
+    assert _modes(adapter) == modes
+
+
+def test_train_mode_maps_are_the_eval_mode_maps():
+    adapter = _bn_adapter()
+    x = batch(4, 16, seed=2)
+    t = torch.tensor([0, 1, 2, 1])
+    adapter.eval()
+    want = hand_gradcam(adapter, x, t)  # plain autograd on the model in eval mode
+    want_check = randomized_head_check(adapter, x, t, seed=4)
+    adapter.train()
+    torch.testing.assert_close(gradcam(adapter, x, t), want, rtol=1e-4, atol=1e-6)
+    got = randomized_head_check(adapter, x, t, seed=4)
+    torch.testing.assert_close(got.maps, want_check.maps, rtol=0, atol=0)
+    torch.testing.assert_close(got.randomized_maps, want_check.randomized_maps, rtol=0, atol=0)
+    assert adapter.training and adapter.model.bn.training
+
+
+def test_train_mode_is_put_back_after_an_error(monkeypatch):
+    adapter = _bn_adapter()
+    adapter.train()
+    before = state_copy(adapter)
+    real = saliency._cams
+
+    def boom(*a, **k):  # fails after a forward pass, inside eval mode
+        real(*a, **k)
+        raise RuntimeError("midway")
+
+    monkeypatch.setattr(saliency, "_cams", boom)
+    with pytest.raises(RuntimeError, match="midway"):
+        gradcam(adapter, batch(2, 16), None)
+    assert all(m.training for m in adapter.modules())
+    assert_same_state(adapter, before)
