@@ -88,6 +88,7 @@ from scipy import ndimage
 from scipy.special import ndtri
 
 from .errors import ShortcutlabError
+from .paths import wrong_kind
 from .io import atomic_dir
 
 MECHANISMS: tuple[str, ...] = ("color", "illumination", "background", "focus", "noise")
@@ -1210,8 +1211,8 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
     out = os.fspath(out_dir)
     jpath, mpath = os.path.join(out, "synth.json"), os.path.join(out, "manifest.csv")
     for p in (jpath, mpath):
-        if not os.path.exists(p):
-            raise SynthError(f"{p!r} does not exist; is {out!r} a folder written by write_synth / shortcutlab synth?")
+        if not os.path.isfile(p):
+            raise SynthError(f"{p!r} {wrong_kind(p, 'file')}; is {out!r} a folder written by write_synth / shortcutlab synth?")
     with open(jpath) as fh:
         doc = json.load(fh)
     if doc.get("format") != FORMAT:
