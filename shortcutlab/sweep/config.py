@@ -567,7 +567,7 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
             e = ck.keys(p, entry, ("checkpoint",))
             cp = ck.typed(f"{p}.checkpoint", e["checkpoint"], (str,), "a run folder written by `shortcutlab train`")
             full = cp if os.path.isabs(cp) else os.path.normpath(os.path.join(base_dir, cp))
-            if wrong_kind(full, "folder"):
+            if os.path.exists(full) and not os.path.isdir(full):
                 raise ck.error(f"{p}.checkpoint", f"run folder {cp!r} {wrong_kind(full, 'folder')} (looked for {full})")
             for f in ("run.json", "model.safetensors"):
                 if not os.path.isfile(os.path.join(full, f)):
