@@ -78,6 +78,8 @@ def _check_record(record: dict, path: str) -> None:
         raise bad("'config'", cfg, "a JSON object (the training config)")
     if not isinstance(cfg.get("arch"), str):
         raise bad("config.arch", cfg.get("arch"), "a timm model name (a string)")
+    if "seed" in cfg and (isinstance(cfg["seed"], bool) or not isinstance(cfg["seed"], int)):
+        raise bad("config.seed", cfg["seed"], "a whole number")
     classes = record["classes"]
     if not isinstance(classes, list) or not classes or not all(isinstance(c, (str, int)) for c in classes):
         raise bad("'classes'", classes, "a non-empty list of class names")
@@ -94,6 +96,17 @@ def _check_record(record: dict, path: str) -> None:
             raise bad(f"data.{key}", data[key], "a file path (a string)")
     if record.get("cell") is not None and not isinstance(record["cell"], str):
         raise bad("'cell'", record["cell"], "a cell name (a string) or null")
+
+
+def weights_path(run_dir: str | os.PathLike, record: dict) -> str:
+    """The weights file a run record names (default ``model.safetensors``), resolved.
+
+    Raises:
+        RunError: the record names a file outside the run folder (refused before anything
+            there is opened).
+    """
+    name = record.get("files", {}).get("weights", "model.safetensors")
+    return inside(run_dir, name, f"run record {os.path.join(os.fspath(run_dir), 'run.json')!r}: weights file", RunError)
 
 
 def _run_id(run_dir: str) -> str:
@@ -115,9 +128,7 @@ def load_run(run_dir: str | os.PathLike, device: str | None = None) -> Run:
 
     run_dir = os.fspath(run_dir)
     record = read_record(run_dir)
-    name = record.get("files", {}).get("weights", "model.safetensors")
-    # a record that points elsewhere is refused before anything there is opened
-    weights = inside(run_dir, name, f"run record {os.path.join(run_dir, 'run.json')!r}: weights file", RunError)
+    weights = weights_path(run_dir, record)
     if not os.path.exists(weights):
         raise RunError(f"run folder {run_dir!r} has no model weights ({os.path.basename(weights)} is missing)")
     arch = record["config"].get("arch")

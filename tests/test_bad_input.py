@@ -1444,6 +1444,40 @@ def _synth_manifest_is_folder20(tmp_path):
     load_synth(str(tmp_path))
 
 
+def _sweep_checkpoint_weights_elsewhere20(tmp_path):
+    from shortcutlab.sweep.config import validate
+    from shortcutlab.sweep.runner import run_sweep
+
+    _weights20(tmp_path / "w.safetensors")
+    (tmp_path / "run").mkdir()
+    run = _run20(tmp_path / "run", files={"weights": "../w.safetensors"})
+    cfg = {"data": {"synthetic": {"mechanisms": ["color"], "fields_per_class": 4, "crop_size": 16}}, "split": {"protocol": "factorial"},
+           "seeds": [0], "models": [{"checkpoint": run}], "diagnostics": "none"}
+    run_sweep(validate(cfg, base_dir=str(tmp_path)), str(tmp_path / "out"), dry_run=True)
+
+
+def _report_split_manifest_elsewhere20(tmp_path):
+    from shortcutlab.report import SweepFolder
+
+    d = _sweep20(tmp_path, [_entry20(split_id=_HEX20)])
+    task = _os20.path.join(d, "tasks", "split", _HEX20)
+    _os20.makedirs(task)
+    with open(_os20.path.join(task, "result.json"), "w") as f:
+        _json20.dump({"result": {"manifest": "../elsewhere/manifest.csv"}}, f)
+    SweepFolder(d).models()
+
+
+def _synth_crop_path_elsewhere20(tmp_path):
+    from shortcutlab.synth import load_synth
+
+    out = _synth16(str(tmp_path / "bench"))["out_dir"]
+    man = _pd.read_csv(_os20.path.join(out, "manifest.csv"), dtype=str, keep_default_na=False)
+    _np.save(tmp_path / "elsewhere.npy", _np.zeros(1))  # a file outside the benchmark folder
+    man.loc[1, "path"] = "../elsewhere.npy"
+    man.to_csv(_os20.path.join(out, "manifest.csv"), index=False)
+    load_synth(out)
+
+
 RECORD_CASES = [
     # item 2: ids and paths from records
     Case("report-split-id-leaves-the-sweep", _report_folder20([_entry20(split_id="../../../outside")]), ReportError,
@@ -1455,7 +1489,15 @@ RECORD_CASES = [
          ("run.json", "weights file", "'../outside/model.safetensors'", "leaves the folder")),
     Case("run-weights-absolute-path-elsewhere", _run_weights_elsewhere20(True), _RunError20,
          ("run.json", "outside/model.safetensors", "leaves the folder")),
+    Case("sweep-checkpoint-weights-leave-the-run", _sweep_checkpoint_weights_elsewhere20, _RunError20,
+         ("run.json", "'../w.safetensors'", "leaves the folder")),
+    Case("report-split-manifest-leaves-the-sweep", _report_split_manifest_elsewhere20, ReportError,
+         ("result.json", "crop manifest", "'../elsewhere/manifest.csv'", "leaves the folder")),
+    Case("synth-manifest-path-leaves-the-benchmark", _synth_crop_path_elsewhere20, SynthError,
+         ("manifest.csv", "row 1 (path)", "'../elsewhere.npy'", "leaves the folder")),
     # item 9: records of the wrong type
+    Case("run-json-seed-not-a-number", _read_record20(config={"arch": "test_resnet", "seed": "abc"}), _RunError20,
+         ("run.json", "config.seed is 'abc'", "whole number")),
     Case("run-json-arch-not-a-string", _read_record20(arch=5), _RunError20, ("run.json", "config.arch is 5", "timm model name")),
     Case("run-json-files-not-an-object", _read_record20(files="x"), _RunError20, ("run.json", "'files' is 'x'", "JSON object")),
     Case("run-json-classes-empty", _read_record20(classes=[]), _RunError20, ("run.json", "'classes' is []", "non-empty list")),

@@ -184,9 +184,13 @@ class SweepFolder:
             with open(os.path.join(folder, "result.json"), encoding="utf-8") as f:
                 res = json.load(f)["result"]
             manifest = res["manifest"]
-            manifest = manifest if os.path.isabs(manifest) else os.path.join(self.path, manifest)
         except (OSError, KeyError, TypeError, json.JSONDecodeError):
             res, manifest = {}, None
+        if isinstance(manifest, str) and not os.path.isabs(manifest):
+            # a benchmark the sweep made lies inside it (a user's own manifest is recorded absolute)
+            manifest = inside(self.path, manifest, f"{folder}/result.json: crop manifest", ReportError)
+        elif not isinstance(manifest, str):
+            manifest = None
         return dict(manifest=manifest if manifest and os.path.isfile(manifest) else None,
                     split=split if os.path.isfile(split) else None,
                     columns=res.get("columns") if isinstance(res.get("columns"), dict) else None,
