@@ -1493,6 +1493,9 @@ RECORD_CASES = [
          ("run.json", "'../w.safetensors'", "leaves the folder")),
     Case("report-split-manifest-leaves-the-sweep", _report_split_manifest_elsewhere20, ReportError,
          ("result.json", "crop manifest", "'../elsewhere/manifest.csv'", "leaves the folder")),
+    Case("sweep-split-result-manifest-leaves-the-sweep",
+         lambda t: __import__("shortcutlab.sweep.tasks").sweep.tasks._manifest_path(str(t), {"manifest": "../../crops.csv"}),
+         ShortcutlabError, ("split result", "crop manifest", "'../../crops.csv'", "leaves the folder")),
     Case("synth-manifest-path-leaves-the-benchmark", _synth_crop_path_elsewhere20, SynthError,
          ("manifest.csv", "row 1 (path)", "'../elsewhere.npy'", "leaves the folder")),
     # item 9: records of the wrong type

@@ -148,7 +148,8 @@ class SweepFolder:
     # --- the task folders -----------------------------------------------------------------
     def _task(self, kind: str, tid: str) -> str:
         """The folder of a task whose id was checked (`_model_entries`): it stays inside the sweep folder."""
-        return inside(self.path, os.path.join("tasks", kind, tid), f"the folder of {kind} task {tid!r}", ReportError)
+        inside(self.path, os.path.join("tasks", kind, tid), f"the folder of {kind} task {tid!r}", ReportError)
+        return os.path.join(self.path, "tasks", kind, tid)
 
     def _model_entries(self) -> list[dict]:
         """sweep.json's model entries, checked before any path is built from them: the ids are
@@ -188,7 +189,8 @@ class SweepFolder:
             res, manifest = {}, None
         if isinstance(manifest, str) and not os.path.isabs(manifest):
             # a benchmark the sweep made lies inside it (a user's own manifest is recorded absolute)
-            manifest = inside(self.path, manifest, f"{folder}/result.json: crop manifest", ReportError)
+            inside(self.path, manifest, f"{folder}/result.json: crop manifest", ReportError)
+            manifest = os.path.join(self.path, manifest)
         elif not isinstance(manifest, str):
             manifest = None
         return dict(manifest=manifest if manifest and os.path.isfile(manifest) else None,

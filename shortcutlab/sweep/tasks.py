@@ -235,8 +235,13 @@ def _split_files(root: str, split_id: str) -> tuple[dict, str]:
 
 
 def _manifest_path(root: str, res: dict) -> str:
-    p = res["manifest"]
-    return p if os.path.isabs(p) else os.path.join(root, p)
+    from ..paths import inside
+
+    p = res["manifest"]  # a benchmark the sweep made is recorded relative and lies inside it
+    if os.path.isabs(p):
+        return p
+    inside(root, p, f"{root}/tasks/split result: crop manifest")
+    return os.path.join(root, p)
 
 
 def _table(root: str, res: dict, box: bool = False):
