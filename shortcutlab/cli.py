@@ -396,11 +396,10 @@ def _retrain_inputs(args):
     """The table and split of `litmus` / `control`, after refusing an output folder that cannot
     be made (nothing is created: the output files are checked once the inputs are)."""
     from .manifest import SplitManifest
+    from .paths import need_file
     from .recipe import load_manifest_table
 
     _check_output_folder(args.out, "--out")
-    from .paths import need_file
-
     for path, what in ((args.manifest, "crop manifest"), (args.split, "split manifest")):
         need_file(path, what)
     table = load_manifest_table(args.manifest, id=args.id, label=args.label, parent=args.parent, image=args.image, mask=args.mask)

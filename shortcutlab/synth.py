@@ -88,8 +88,8 @@ from scipy import ndimage
 from scipy.special import ndtri
 
 from .errors import ShortcutlabError
-from .paths import inside, wrong_kind
 from .io import atomic_dir
+from .paths import inside, wrong_kind
 
 MECHANISMS: tuple[str, ...] = ("color", "illumination", "background", "focus", "noise")
 """Acquisition mechanisms, in the order their parameters are drawn and applied."""

@@ -26,8 +26,8 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ShortcutlabError
-from ..paths import wrong_kind
 from ..io import atomic_files, check_writable, write_json
+from ..paths import wrong_kind
 from .config import SweepConfig, load_config
 from .executors import Executor, LocalExecutor
 from .tasks import KINDS, Plan, TaskRunner, build_plan, is_done, read_result, task_dir
