@@ -853,9 +853,11 @@ def create_model(name: str, num_classes: int, pretrained: str | os.PathLike | No
     if pretrained is not None:
         path = os.fspath(pretrained)
         if not os.path.isfile(path):
+            from .paths import wrong_kind
+
             where = os.path.dirname(os.path.abspath(path))
             raise ModelError(
-                f"weights file {path!r} does not exist (looked in {where}); pass the path of a local .safetensors or "
+                f"weights file {path!r} {wrong_kind(path, 'file')} (looked in {where}); pass the path of a local .safetensors or "
                 ".pt file (shortcutlab never downloads weights)"
             )
     try:
@@ -880,12 +882,29 @@ def _load_state_dict(path: str) -> dict[str, torch.Tensor]:
         try:
             state = load_file(path, device="cpu")
         except Exception as e:  # noqa: BLE001 - reported to the user with the path
-            raise ModelError(f"cannot read safetensors file {path!r}: {e}") from None
+            raise ModelError(f"cannot read safetensors file {path!r}: {' '.join(str(e).split())[:200]}") from None
     else:
+        import pickle
+
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            text = " ".join(str(e).split())
+            if "Unsupported global" not in text:  # not a pickle of objects: a corrupt or foreign file
+                detail = text.split("WeightsUnpickler error:", 1)[1].split(" Check the documentation")[0].strip() \
+                    if "WeightsUnpickler error:" in text else type(e).__name__
+                raise ModelError(f"cannot read weights file {path!r}: it is not a torch state dict file ({detail[:120]}); "
+                                 "pass a .safetensors file or a .pt/.pth state dict saved with torch.save") from None
+            # torch's own message suggests loading with weights_only=False, which runs any code
+            # the file holds: never pass that advice on
+            raise ModelError(
+                f"weights file {path!r} is not a weights-only checkpoint: it pickles Python objects, which shortcutlab "
+                "does not load because unpickling can run code; if you trust the file, load it in your own code and "
+                "save its state dict as safetensors (safetensors.torch.save_file(model.state_dict(), 'model.safetensors')), "
+                "then pass that file"
+            ) from None
         except Exception as e:  # noqa: BLE001
-            raise ModelError(f"cannot read weights file {path!r} with torch.load(weights_only=True): {e}") from None
+            raise ModelError(f"cannot read weights file {path!r} with torch.load: {' '.join(str(e).split())[:200]}") from None
     if isinstance(state, dict):
         for key in ("state_dict", "model"):
             if isinstance(state.get(key), dict):

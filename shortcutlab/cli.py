@@ -396,12 +396,12 @@ def _retrain_inputs(args):
     """The table and split of `litmus` / `control`, after refusing an output folder that cannot
     be made (nothing is created: the output files are checked once the inputs are)."""
     from .manifest import SplitManifest
+    from .paths import need_file
     from .recipe import load_manifest_table
 
     _check_output_folder(args.out, "--out")
     for path, what in ((args.manifest, "crop manifest"), (args.split, "split manifest")):
-        if not os.path.isfile(path):
-            raise ShortcutlabError(f"{what} {path!r} does not exist")
+        need_file(path, what)
     table = load_manifest_table(args.manifest, id=args.id, label=args.label, parent=args.parent, image=args.image, mask=args.mask)
     return table, SplitManifest.read(args.split)
 
@@ -541,10 +541,12 @@ def cmd_diagnose(args) -> int:
     params = _diagnose_params(args.param)
     for name in (only or []) + list(params):
         probes.get_class(name)  # an unknown name lists the close matches, before any work
+    from .recipe import resolve_device
+
+    resolve_device(args.device)  # as train and sweep: a device that is not here is named before any work
     out_dir = args.out or args.run
     if not args.arch:
         read_record(args.run)  # a folder that is no run is named before anything is created
-    _check_output_files(None, [("--out", os.path.join(out_dir, "diagnostics.csv")), ("--out", os.path.join(out_dir, "diagnostics.json"))])
     if args.arch:
         from .adapter import create_model, wrap
 
@@ -556,6 +558,8 @@ def cmd_diagnose(args) -> int:
         run = Run(path=os.path.abspath(args.run), record=record, adapter=wrap(model, device=args.device).eval(), run_id=args.run_id or args.arch)
     else:
         run = load_run(args.run, device=args.device)
+    # the model is built first: weights that cannot be loaded are named before --out is made
+    _check_output_files(None, [("--out", os.path.join(out_dir, "diagnostics.csv")), ("--out", os.path.join(out_dir, "diagnostics.json"))])
     crops, split, side = load_run_data(run, args.manifest, args.split, args.cell)
     targets = probes.unseen_field_targets_for(crops, split, seed=args.seed) if args.unseen_field_targets else None
     preprocess = None

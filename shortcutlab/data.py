@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .errors import TableError
+from .paths import wrong_kind
 from .table import CropTable
 
 
@@ -146,8 +147,8 @@ def load_crops(table: CropTable, root: str | None = None) -> CropImages:
     masks = None
     for i, p in enumerate(paths):
         full = _resolve(p, root)
-        if not os.path.exists(full):
-            raise TableError(f"crop image {full!r} (id {ids[i]!r}) does not exist")
+        if not os.path.isfile(full):
+            raise TableError(f"crop image {full!r} (id {ids[i]!r}) {wrong_kind(full, 'file')}")
         arr = _read_crop(full, ids[i])
         if first_shape is None:
             first_shape = arr.shape
@@ -162,8 +163,8 @@ def load_crops(table: CropTable, root: str | None = None) -> CropImages:
         imgs[i] = arr.transpose(2, 0, 1)
         if mask_paths is not None:
             mfull = _resolve(mask_paths[i], root)
-            if not os.path.exists(mfull):
-                raise TableError(f"mask {mfull!r} (id {ids[i]!r}) does not exist")
+            if not os.path.isfile(mfull):
+                raise TableError(f"mask {mfull!r} (id {ids[i]!r}) {wrong_kind(mfull, 'file')}")
             m = _read_mask(mfull, ids[i])
             if m.shape != first_shape[:2]:
                 raise TableError(

@@ -95,6 +95,8 @@ def perceptual_hashes(paths: Sequence[str | os.PathLike], hash_size: int = 8) ->
                 bits[row] = imagehash.phash(img, hash_size=hash_size).hash.ravel()
         except FileNotFoundError:
             raise TableError(f"image file {path!r} (row {row}) does not exist") from None
+        except IsADirectoryError:
+            raise TableError(f"image file {path!r} (row {row}) is a folder, expected a file") from None
         except (UnidentifiedImageError, OSError) as err:
             raise TableError(f"image file {path!r} (row {row}) cannot be read as an image: {err}") from None
     # packbits is big-endian within each byte and '>u8' reads the 8 bytes big-endian, which is

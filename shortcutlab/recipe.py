@@ -513,9 +513,16 @@ def _check_out_dir(out_dir: str | os.PathLike) -> None:
 
 def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:
     """Read a crop manifest (as written by `shortcutlab synth`): id, path, [mask], label, parent."""
-    if not os.path.exists(path):
-        raise ShortcutlabError(f"crop manifest {path!r} does not exist")
-    cols = pd.read_csv(path, nrows=0).columns
+    from .paths import need_file
+
+    need_file(path, "crop manifest")
+    try:
+        cols = pd.read_csv(path, nrows=0).columns
+    except pd.errors.EmptyDataError:
+        raise ShortcutlabError(f"crop manifest {path!r} is empty; expected a CSV file with a header row "
+                               f"({id}, {image}, {label}, {parent}[, {mask}]) and one row per crop") from None
+    except (ValueError, UnicodeDecodeError, OSError):
+        cols = ()  # the table reader below names the problem
     return CropTable.from_csv(path, id=id, label=label, parent=parent, image=image, mask=mask if mask in cols else None)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ShortcutlabError
+from .paths import inside, need_folder, wrong_kind
 
 
 class RunError(ShortcutlabError):
@@ -47,20 +48,65 @@ class Run:
 def read_record(run_dir: str | os.PathLike) -> dict:
     """run.json of a run folder, with one-line errors for a missing or corrupt file."""
     run_dir = os.fspath(run_dir)
-    if not os.path.isdir(run_dir):
-        raise RunError(f"run folder {run_dir!r} does not exist or is not a folder")
+    need_folder(run_dir, "run folder", RunError)
     path = os.path.join(run_dir, "run.json")
     if not os.path.exists(path):
         raise RunError(f"{run_dir!r} is not a run folder: it has no run.json (train a model with `shortcutlab train` first)")
+    if wrong_kind(path, "file"):
+        raise RunError(f"run record {path!r} {wrong_kind(path, 'file')}")
     try:
         with open(path, encoding="utf-8") as f:
             record = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"run record {path!r} is not valid JSON ({e})") from None
+    if not isinstance(record, dict):
+        raise RunError(f"run record {path!r} holds a {type(record).__name__}; expected a JSON object written by `shortcutlab train`")
     for key in ("config", "classes"):
         if key not in record:
             raise RunError(f"run record {path!r} has no {key!r} entry; it was not written by `shortcutlab train`")
+    _check_record(record, path)
     return record
+
+
+def _check_record(record: dict, path: str) -> None:
+    """The entries `load_run` builds the model from have the types `shortcutlab train` writes."""
+    def bad(entry: str, value, expected: str) -> RunError:
+        return RunError(f"run record {path!r}: {entry} is {value!r}; expected {expected}")
+
+    cfg = record["config"]
+    if not isinstance(cfg, dict):
+        raise bad("'config'", cfg, "a JSON object (the training config)")
+    if not isinstance(cfg.get("arch"), str):
+        raise bad("config.arch", cfg.get("arch"), "a timm model name (a string)")
+    if "seed" in cfg and (isinstance(cfg["seed"], bool) or not isinstance(cfg["seed"], int)):
+        raise bad("config.seed", cfg["seed"], "a whole number")
+    classes = record["classes"]
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, (str, int)) for c in classes):
+        raise bad("'classes'", classes, "a non-empty list of class names")
+    files = record.get("files", {})
+    if not isinstance(files, dict):
+        raise bad("'files'", files, "a JSON object naming the run's files ({\"weights\": \"model.safetensors\", ...})")
+    if "weights" in files and not isinstance(files["weights"], str):
+        raise bad("files.weights", files["weights"], "a file name inside the run folder")
+    data = record.get("data")
+    if data is not None and not isinstance(data, dict):
+        raise bad("'data'", data, "a JSON object naming the crop manifest and split files")
+    for key in ("manifest", "split"):
+        if (data or {}).get(key) is not None and not isinstance(data[key], str):
+            raise bad(f"data.{key}", data[key], "a file path (a string)")
+    if record.get("cell") is not None and not isinstance(record["cell"], str):
+        raise bad("'cell'", record["cell"], "a cell name (a string) or null")
+
+
+def weights_path(run_dir: str | os.PathLike, record: dict) -> str:
+    """The weights file a run record names (default ``model.safetensors``), resolved.
+
+    Raises:
+        RunError: the record names a file outside the run folder (refused before anything
+            there is opened).
+    """
+    name = record.get("files", {}).get("weights", "model.safetensors")
+    return inside(run_dir, name, f"run record {os.path.join(os.fspath(run_dir), 'run.json')!r}: weights file", RunError)
 
 
 def _run_id(run_dir: str) -> str:
@@ -82,7 +128,7 @@ def load_run(run_dir: str | os.PathLike, device: str | None = None) -> Run:
 
     run_dir = os.fspath(run_dir)
     record = read_record(run_dir)
-    weights = os.path.join(run_dir, record.get("files", {}).get("weights", "model.safetensors"))
+    weights = weights_path(run_dir, record)
     if not os.path.exists(weights):
         raise RunError(f"run folder {run_dir!r} has no model weights ({os.path.basename(weights)} is missing)")
     arch = record["config"].get("arch")

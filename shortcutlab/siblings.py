@@ -648,15 +648,17 @@ def read_image(path: str, image_id: str) -> np.ndarray:
     """(H, W, 3) uint8 pixels of one image file (16-bit grey scaled as `data.load_crops`)."""
     from .data import _read_crop
 
-    if not os.path.exists(path):
-        raise SiblingError(f"image file {path!r} (id {image_id!r}) does not exist")
+    from .paths import need_file
+
+    need_file(path, "image file", SiblingError, f" (id {image_id!r})")
     return _read_crop(path, image_id)
 
 
 def images_in_folder(folder: str) -> ImageSet:
     """Every image file under `folder`, recursively (png, jpg, tif, bmp), ids = relative paths."""
-    if not os.path.exists(folder):
-        raise SiblingError(f"image folder {folder!r} does not exist")
+    from .paths import need_folder
+
+    need_folder(folder, "image folder", SiblingError)
     found = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()

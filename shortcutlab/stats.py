@@ -134,17 +134,24 @@ def _check_predictions(pred: pd.DataFrame, columns=PREDICTION_COLUMNS) -> pd.Dat
         raise StatsError(f"predictions column 'seed' holds {out['seed'][bad].iloc[0]!r} in {_rows(bad)}; "
                          f"expected an integer seed")
     out["seed"] = num.astype(np.int64)
-    corr = out["correct"]
-    if pd.api.types.is_bool_dtype(corr):
-        out["correct"] = corr.astype(np.float64)
-    else:
-        num = pd.to_numeric(corr, errors="coerce")
-        bad = ~num.isin([0, 1])
-        if bad.any():
-            raise StatsError(f"predictions column 'correct' holds {corr[bad].iloc[0]!r} in {_rows(bad)}; "
-                             f"expected True/False or 1/0")
-        out["correct"] = num.astype(np.float64)
+    out["correct"] = correct_as_float(out["correct"])
     return out
+
+
+def correct_as_float(corr: pd.Series) -> pd.Series:
+    """A predictions table's `correct` column as 0.0/1.0 floats.
+
+    Raises:
+        StatsError: a value other than True/False or 1/0, naming the first rows that hold one.
+    """
+    if pd.api.types.is_bool_dtype(corr):
+        return corr.astype(np.float64)
+    num = pd.to_numeric(corr, errors="coerce")
+    bad = ~num.isin([0, 1])
+    if bad.any():
+        raise StatsError(f"predictions column 'correct' holds {corr[bad].iloc[0]!r} in {_rows(bad)}; "
+                         f"expected True/False or 1/0")
+    return num.astype(np.float64)
 
 
 def _as_str(col: pd.Series) -> pd.Series:

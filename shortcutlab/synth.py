@@ -89,6 +89,7 @@ from scipy.special import ndtri
 
 from .errors import ShortcutlabError
 from .io import atomic_dir
+from .paths import inside, wrong_kind
 
 MECHANISMS: tuple[str, ...] = ("color", "illumination", "background", "focus", "noise")
 """Acquisition mechanisms, in the order their parameters are drawn and applied."""
@@ -1210,8 +1211,8 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
     out = os.fspath(out_dir)
     jpath, mpath = os.path.join(out, "synth.json"), os.path.join(out, "manifest.csv")
     for p in (jpath, mpath):
-        if not os.path.exists(p):
-            raise SynthError(f"{p!r} does not exist; is {out!r} a folder written by write_synth / shortcutlab synth?")
+        if not os.path.isfile(p):
+            raise SynthError(f"{p!r} {wrong_kind(p, 'file')}; is {out!r} a folder written by write_synth / shortcutlab synth?")
     with open(jpath) as fh:
         doc = json.load(fh)
     if doc.get("format") != FORMAT:
@@ -1222,16 +1223,19 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
     has_all = ALL_CELLS_COLUMN in man.columns
     c = config.crop_size
 
+    def at(col: str, i: int) -> str:  # the manifest is a record: its files stay inside the benchmark folder
+        return inside(out, man[col].iat[i], f"{mpath}: row {i} ({col})", SynthError)
+
     def read(i: int):
-        with Image.open(os.path.join(out, man["path"].iat[i])) as im:
+        with Image.open(at("path", i)) as im:
             img = np.asarray(im.convert("RGB"))
-        with Image.open(os.path.join(out, man["mask"].iat[i])) as im:
+        with Image.open(at("mask", i)) as im:
             msk = np.asarray(im.convert("L")) > 127
         if img.shape != (c, c, 3) or msk.shape != (c, c):
             raise SynthError(f"crop {man['id'].iat[i]!r} is {img.shape[1]}x{img.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
         alm = None
         if has_all:
-            with Image.open(os.path.join(out, man[ALL_CELLS_COLUMN].iat[i])) as im:
+            with Image.open(at(ALL_CELLS_COLUMN, i)) as im:
                 alm = np.asarray(im.convert("L")) > 127
             if alm.shape != (c, c):
                 raise SynthError(f"all-cells mask of crop {man['id'].iat[i]!r} is {alm.shape[1]}x{alm.shape[0]}, expected {c}x{c} (crop_size in synth.json)")

@@ -1574,3 +1574,334 @@ def test_lib_gradcam_empty_batch_is_refused_before_targets(tmp_path) -> None:
 def test_lib_cli_diagnose_without_a_run_names_list(tmp_path, capsys) -> None:
     line = cli_error(["diagnose"], capsys)
     assert "RUN folder" in line and "--list" in line
+# --- issue 20: records, paths and one-line errors ---------------------------------------------
+# Ids read from a record become paths only in the tool's own format, paths a record names stay
+# inside their folder, a refused pickle is explained without unsafe advice, records of the wrong
+# type and a path of the wrong kind give one line.
+import json as _json20  # noqa: E402
+import os as _os20  # noqa: E402
+
+from shortcutlab.adapter import ModelError as _ModelError20  # noqa: E402
+from shortcutlab.paths import TASK_ID as _TASK_ID20  # noqa: E402
+from shortcutlab.runs import RunError as _RunError20  # noqa: E402
+
+_HEX20 = "0123456789abcdef"  # a well-formed task id
+
+
+def _weights20(path) -> str:
+    """A real test_resnet state dict (2 classes) as safetensors, without training."""
+    from safetensors.torch import save_file
+
+    from shortcutlab.adapter import create_model
+
+    _os20.makedirs(_os20.path.dirname(str(path)), exist_ok=True)
+    save_file(create_model("test_resnet", num_classes=2).state_dict(), str(path))
+    return str(path)
+
+
+def _run20(folder, **change) -> str:
+    """A valid-looking run folder (run.json + model.safetensors) with run.json entries changed."""
+    _weights20(folder / "model.safetensors")
+    record = {"config": {"arch": "test_resnet"}, "classes": ["a", "b"], "files": {"weights": "model.safetensors"}}
+    for key, value in change.items():
+        if key == "arch":
+            record["config"]["arch"] = value
+        else:
+            record[key] = value
+    (folder / "run.json").write_text(_json20.dumps(record))
+    return str(folder)
+
+
+def _sweep20(tmp_path, models=None, predictions=None) -> str:
+    """A sweep folder: predictions.parquet and, when `models` is given, sweep.json listing them."""
+    d = tmp_path / "sweep"
+    d.mkdir()
+    (predictions if predictions is not None else _predictions()).to_parquet(d / "predictions.parquet", index=False)
+    if models is not None:
+        (d / "sweep.json").write_text(_json20.dumps({"config": {}, "models": models}))
+    return str(d)
+
+
+def _entry20(**change) -> dict:
+    entry = {"model": _HEX20, "condition": "color", "arch": "test_resnet", "seed": 0, "exposure": "leak", "cell": "leak-high",
+             "split_id": ""}
+    entry.update(change)
+    return entry
+
+
+def _refuse_run_loading20(monkeypatch):
+    """From now on, fail the test if anything opens a run folder or builds a model."""
+    import shortcutlab.adapter
+    import shortcutlab.runs
+
+    def refuse(*a, **k):
+        raise AssertionError(f"a run folder or weights file was opened: {a}")
+
+    for mod, name in ((shortcutlab.runs, "load_run"), (shortcutlab.runs, "read_record"), (shortcutlab.adapter, "create_model")):
+        monkeypatch.setattr(mod, name, refuse)
+
+
+def test_task_id_format_is_the_sweeps_own():
+    from shortcutlab.sweep.graph import task_id
+
+    assert _TASK_ID20.pattern.fullmatch(task_id("train", {"a": 1}))
+    for bad in ("../../../../outside/evilrun", _HEX20.upper(), _HEX20 + "0", _HEX20[:-1] + "/", ""):
+        assert not _TASK_ID20.pattern.fullmatch(bad), bad
+
+
+def test_report_refuses_a_model_id_that_leaves_the_sweep(tmp_path, capsys, monkeypatch):
+    # a run folder outside the sweep that a report would load, were the id turned into a path
+    outside = tmp_path / "outside" / "evilrun"
+    outside.mkdir(parents=True)
+    _run20(outside)
+    evil = "../../../outside/evilrun"  # tasks/train/<id> -> tmp_path/outside/evilrun
+    d = _sweep20(tmp_path, [_entry20(model=evil)])
+    assert _os20.path.isfile(_os20.path.normpath(_os20.path.join(d, "tasks", "train", evil, "run.json")))
+    _refuse_run_loading20(monkeypatch)  # the error must come before that folder is opened
+    line = cli_error(["report", d, "--n-boot", "10"], capsys)
+    for name in ("sweep.json", "models[0]", evil, "task id (16 hex digits)"):
+        assert name in line, line
+    assert not _os20.path.exists(_os20.path.join(d, "report"))
+
+
+def _report_folder20(models=None, link=False):
+    def call(tmp_path):
+        from shortcutlab.report import SweepFolder
+
+        d = _sweep20(tmp_path, models)
+        if link:  # a task folder that is a link to a run folder outside the sweep
+            outside = tmp_path / "outside"
+            outside.mkdir()
+            _run20(outside)
+            _os20.makedirs(_os20.path.join(d, "tasks", "train"))
+            _os20.symlink(outside, _os20.path.join(d, "tasks", "train", _HEX20))
+        SweepFolder(d).models()
+
+    return call
+
+
+def _run_weights_elsewhere20(absolute: bool):
+    def call(tmp_path):
+        from shortcutlab.runs import load_run
+
+        target = _weights20(tmp_path / "outside" / "model.safetensors")
+        (tmp_path / "run").mkdir()
+        name = target if absolute else "../outside/model.safetensors"
+        load_run(_run20(tmp_path / "run", files={"weights": name}))
+
+    return call
+
+
+def _pickle_checkpoint20(tmp_path) -> str:
+    import torch
+
+    from shortcutlab.adapter import create_model
+
+    path = tmp_path / "whole_model.pt"
+    torch.save(create_model("test_resnet", num_classes=2), path)  # the module object, pickled
+    return str(path)
+
+
+def _create_from20(make):
+    def call(tmp_path):
+        from shortcutlab.adapter import create_model
+
+        create_model("test_resnet", num_classes=2, pretrained=make(tmp_path))
+
+    return call
+
+
+def _read_record20(**change):
+    def call(tmp_path):
+        from shortcutlab.runs import read_record
+
+        (tmp_path / "run").mkdir()
+        read_record(_run20(tmp_path / "run", **change))
+
+    return call
+
+
+def _folder20(tmp_path) -> str:
+    (tmp_path / "afolder").mkdir()
+    return str(tmp_path / "afolder")
+
+
+def _file20(tmp_path) -> str:
+    (tmp_path / "afile.csv").write_text("id,path,label,parent\n")
+    return str(tmp_path / "afile.csv")
+
+
+def _crop_is_folder20(tmp_path):
+    from shortcutlab.data import load_crops
+
+    (tmp_path / "c0.png").mkdir()
+    load_crops(CropTable.from_frame(_pd.DataFrame({"id": ["a"], "label": ["x"], "parent": ["p"], "path": [str(tmp_path / "c0.png")]}),
+                                    id="id", image="path"))
+
+
+def _sweep_config_is_folder20(tmp_path):
+    from shortcutlab.sweep.config import load_config
+
+    load_config(_folder20(tmp_path))
+
+
+def _image_folder_is_file20(tmp_path):
+    from shortcutlab.siblings import images_in_folder
+
+    images_in_folder(_file20(tmp_path))
+
+
+def _synth_manifest_is_folder20(tmp_path):
+    from shortcutlab.synth import load_synth
+
+    (tmp_path / "synth.json").write_text("{}")
+    (tmp_path / "manifest.csv").mkdir()
+    load_synth(str(tmp_path))
+
+
+def _sweep_checkpoint_weights_elsewhere20(tmp_path):
+    from shortcutlab.sweep.config import validate
+    from shortcutlab.sweep.runner import run_sweep
+
+    _weights20(tmp_path / "w.safetensors")
+    (tmp_path / "run").mkdir()
+    run = _run20(tmp_path / "run", files={"weights": "../w.safetensors"})
+    cfg = {"data": {"synthetic": {"mechanisms": ["color"], "fields_per_class": 4, "crop_size": 16}}, "split": {"protocol": "factorial"},
+           "seeds": [0], "models": [{"checkpoint": run}], "diagnostics": "none"}
+    run_sweep(validate(cfg, base_dir=str(tmp_path)), str(tmp_path / "out"), dry_run=True)
+
+
+def _report_split_manifest_elsewhere20(tmp_path):
+    from shortcutlab.report import SweepFolder
+
+    d = _sweep20(tmp_path, [_entry20(split_id=_HEX20)])
+    task = _os20.path.join(d, "tasks", "split", _HEX20)
+    _os20.makedirs(task)
+    with open(_os20.path.join(task, "result.json"), "w") as f:
+        _json20.dump({"result": {"manifest": "../elsewhere/manifest.csv"}}, f)
+    SweepFolder(d).models()
+
+
+def _synth_crop_path_elsewhere20(tmp_path):
+    from shortcutlab.synth import load_synth
+
+    out = _synth16(str(tmp_path / "bench"))["out_dir"]
+    man = _pd.read_csv(_os20.path.join(out, "manifest.csv"), dtype=str, keep_default_na=False)
+    _np.save(tmp_path / "elsewhere.npy", _np.zeros(1))  # a file outside the benchmark folder
+    man.loc[1, "path"] = "../elsewhere.npy"
+    man.to_csv(_os20.path.join(out, "manifest.csv"), index=False)
+    load_synth(out)
+
+
+RECORD_CASES = [
+    # item 2: ids and paths from records
+    Case("report-split-id-leaves-the-sweep", _report_folder20([_entry20(split_id="../../../outside")]), ReportError,
+         ("sweep.json", "models[0]", "split_id", "'../../../outside'", "16 hex digits")),
+    Case("report-model-id-not-a-string", _report_folder20([_entry20(model=7)]), ReportError, ("models[0]", "model id 7", "task id")),
+    Case("report-task-folder-links-outside", _report_folder20([_entry20()], link=True), ReportError,
+         ("train task", _HEX20, "leaves the folder", "outside")),
+    Case("run-weights-path-leaves-the-run", _run_weights_elsewhere20(False), _RunError20,
+         ("run.json", "weights file", "'../outside/model.safetensors'", "leaves the folder")),
+    Case("run-weights-absolute-path-elsewhere", _run_weights_elsewhere20(True), _RunError20,
+         ("run.json", "outside/model.safetensors", "leaves the folder")),
+    Case("sweep-checkpoint-weights-leave-the-run", _sweep_checkpoint_weights_elsewhere20, _RunError20,
+         ("run.json", "'../w.safetensors'", "leaves the folder")),
+    Case("report-split-manifest-leaves-the-sweep", _report_split_manifest_elsewhere20, ReportError,
+         ("result.json", "crop manifest", "'../elsewhere/manifest.csv'", "leaves the folder")),
+    Case("sweep-split-result-manifest-leaves-the-sweep",
+         lambda t: __import__("shortcutlab.sweep.tasks").sweep.tasks._manifest_path(str(t), {"manifest": "../../crops.csv"}),
+         ShortcutlabError, ("split result", "crop manifest", "'../../crops.csv'", "leaves the folder")),
+    Case("synth-manifest-path-leaves-the-benchmark", _synth_crop_path_elsewhere20, SynthError,
+         ("manifest.csv", "row 1 (path)", "'../elsewhere.npy'", "leaves the folder")),
+    # item 9: records of the wrong type
+    Case("run-json-seed-not-a-number", _read_record20(config={"arch": "test_resnet", "seed": "abc"}), _RunError20,
+         ("run.json", "config.seed is 'abc'", "whole number")),
+    Case("run-json-arch-not-a-string", _read_record20(arch=5), _RunError20, ("run.json", "config.arch is 5", "timm model name")),
+    Case("run-json-files-not-an-object", _read_record20(files="x"), _RunError20, ("run.json", "'files' is 'x'", "JSON object")),
+    Case("run-json-classes-empty", _read_record20(classes=[]), _RunError20, ("run.json", "'classes' is []", "non-empty list")),
+    Case("sweep-json-seed-not-a-number", _report_folder20([_entry20(seed="abc")]), ReportError,
+         ("sweep.json", "models[0]", "seed is 'abc'", "whole number")),
+    Case("sweep-json-models-not-entries", _report_folder20([1, 2]), ReportError, ("sweep.json", "models[0] is 1", "model entry")),
+    Case("sweep-json-models-not-a-list", _report_folder20({"a": 1}), ReportError, ("sweep.json", "'models'", "a list")),
+    # item 10: a path of the wrong kind is not called missing
+    Case("weights-file-is-a-folder", _create_from20(_folder20), _ModelError20, ("afolder", "is a folder, expected a file")),
+    Case("crop-image-is-a-folder", _crop_is_folder20, TableError, ("c0.png", "id 'a'", "is a folder, expected a file")),
+    Case("sweep-config-is-a-folder", _sweep_config_is_folder20, SweepConfigError, ("afolder", "is a folder, expected a file")),
+    Case("image-folder-is-a-file", _image_folder_is_file20, __import__("shortcutlab.siblings").siblings.SiblingError,
+         ("afile.csv", "is a file, expected a folder")),
+    Case("synth-manifest-is-a-folder", _synth_manifest_is_folder20, SynthError, ("manifest.csv", "is a folder, expected a file")),
+    Case("run-folder-is-a-file", lambda t: __import__("shortcutlab.runs").runs.read_record(_file20(t)), _RunError20,
+         ("afile.csv", "is a file, expected a folder")),
+]
+
+
+@pytest.mark.parametrize("case", RECORD_CASES, ids=[c.id for c in RECORD_CASES])
+def test_bad_input_records(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_pickle_checkpoint_is_refused_without_unsafe_advice(tmp_path, capsys):
+    path = _pickle_checkpoint20(tmp_path)
+    with pytest.raises(_ModelError20) as info:
+        _create_from20(lambda t: path)(tmp_path)
+    for message in (str(info.value),
+                    cli_error(["diagnose", str(tmp_path), "--arch", "test_resnet", "--weights", path, "--classes", "a,b",
+                               "--out", str(tmp_path / "out")], capsys)):
+        assert "whole_model.pt" in message and "is not a weights-only checkpoint" in message, message
+        assert "safetensors" in message and "\n" not in message
+        assert "weights_only=False" not in message and "weights_only` set to `False" not in message, message
+    assert not (tmp_path / "out").exists()
+    # a file that is no pickle at all is not called a pickle of objects
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(_ModelError20, match="is not a torch state dict file") as info:
+        _create_from20(lambda t: str(t / "junk.pt"))(tmp_path)
+    assert "weights_only" not in str(info.value)
+
+
+def _empty20(tmp_path) -> str:
+    (tmp_path / "empty.csv").write_bytes(b"")
+    return str(tmp_path / "empty.csv")
+
+
+RECORD_CLI_CASES = [
+    ("run-json-arch-not-a-string", lambda t: ["diagnose", _run20(t, arch=5)], ("run.json", "config.arch is 5")),
+    ("run-json-files-not-an-object", lambda t: ["diagnose", _run20(t, files="x")], ("run.json", "'files' is 'x'")),
+    ("run-weights-leave-the-run", lambda t: ["diagnose", _run20(t, files={"weights": "../w.safetensors"})], ("'../w.safetensors'", "leaves the folder")),
+    ("run-folder-is-a-file", lambda t: ["diagnose", _file20(t)], ("afile.csv", "is a file, expected a folder")),
+    ("results-dir-is-a-file", lambda t: ["results", _file20(t)], ("afile.csv", "is a file, expected a folder")),
+    ("litmus-manifest-is-a-folder", lambda t: ["litmus", _folder20(t), _file20(t), "--out", str(t / "out")], ("crop manifest", "afolder", "is a folder, expected a file")),
+    ("litmus-manifest-is-empty", lambda t: ["litmus", _empty20(t), _file20(t), "--out", str(t / "out")],
+     ("crop manifest", "empty.csv", "is empty", "header row")),
+    ("results-correct-holds-strings",
+     lambda t: ["results", _sweep20(t, predictions=_predictions().assign(correct=lambda f: f["correct"].map({True: "yes", False: "no"})))],
+     ("predictions.parquet", "'correct'", "'no'", "rows 0, 1", "True/False")),
+    ("results-zero-rows", lambda t: ["results", _sweep20(t, predictions=_predictions().iloc[:0])], ("predictions.parquet", "holds no rows")),
+    ("report-zero-rows", lambda t: ["report", _sweep20(t, predictions=_predictions().iloc[:0]), "--n-boot", "10"],
+     ("predictions", "holds no rows")),
+    ("report-sweep-json-seed-not-a-number", lambda t: ["report", _sweep20(t, [_entry20(seed="abc")]), "--n-boot", "10"],
+     ("models[0]", "seed is 'abc'")),
+    ("report-sweep-json-models-not-entries", lambda t: ["report", _sweep20(t, [1, 2]), "--n-boot", "10"], ("models[0] is 1",)),
+]
+
+
+@pytest.mark.parametrize("argv, names", [(c[1], c[2]) for c in RECORD_CLI_CASES], ids=[c[0] for c in RECORD_CLI_CASES])
+def test_cli_records_name_the_culprit(argv, names, tmp_path, capsys) -> None:
+    before = set(_os20.listdir(tmp_path))
+    args = argv(tmp_path)
+    made = set(_os20.listdir(tmp_path)) - before
+    line = cli_error(args, capsys)
+    for name in names:
+        assert name.lower() in line.lower(), line
+    assert set(_os20.listdir(tmp_path)) - before == made, "the failed command wrote something"
+    if args[0] == "report":
+        assert not _os20.path.exists(_os20.path.join(args[1], "report"))
+
+
+def test_cli_diagnose_on_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = _run20(tmp_path)
+    line = cli_error(["diagnose", run, "--device", "cuda", "--out", str(tmp_path / "out")], capsys)
+    assert "device 'cuda' is not available" in line and "available here: cpu" in line, line
+    assert not (tmp_path / "out").exists()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..errors import ShortcutlabError
+from ..paths import TASK_ID, check_id, inside, wrong_kind
 
 
 class ReportError(ShortcutlabError):
@@ -75,6 +76,11 @@ def _read_table(folder: str, stem: str, required: bool) -> pd.DataFrame | None:
     return None
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class SweepFolder:
     """Read-only view of a sweep folder: its config, its two tables, and its models' folders.
 
@@ -88,9 +94,8 @@ class SweepFolder:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.path.abspath(os.fspath(path))
-        if not os.path.isdir(self.path):
-            what = "is a file, not a folder" if os.path.exists(self.path) else "does not exist"
-            raise ReportError(f"sweep folder {os.fspath(path)!r} {what}")
+        if wrong_kind(self.path, "folder"):
+            raise ReportError(f"sweep folder {os.fspath(path)!r} {wrong_kind(self.path, 'folder')}")
         self.meta = self._read_meta()
         self.predictions = _read_table(self.path, "predictions", required=True)
         missing = [c for c in ("model", "condition", "arch", "seed", "exposure", "intervention", "id", "parent", "correct")
@@ -98,9 +103,13 @@ class SweepFolder:
         if missing:
             raise ReportError(f"{self.path}/predictions holds no column {missing[0]!r}; it was not written by "
                               f"`shortcutlab sweep` (columns: {', '.join(map(str, self.predictions.columns))})")
+        if len(self.predictions) == 0:
+            raise ReportError(f"{self.path}/predictions holds no rows: the sweep scored no crops, so there is nothing to "
+                              f"report (run `shortcutlab sweep CONFIG --out {self.path}` again)")
         for col in ("cell", "exposure", "diversity", "protocol"):
             if col in self.predictions.columns:
                 self.predictions[col] = self.predictions[col].fillna("").astype(str)
+        self._entries = self._model_entries()  # a bad record is named before any task folder is opened
         self.results = _read_table(self.path, "results", required=False)
         if self.results is not None:
             for col in ("setting", "exposure", "diversity", "cell"):
@@ -138,7 +147,34 @@ class SweepFolder:
 
     # --- the task folders -----------------------------------------------------------------
     def _task(self, kind: str, tid: str) -> str:
+        """The folder of a task whose id was checked (`_model_entries`): it stays inside the sweep folder."""
+        inside(self.path, os.path.join("tasks", kind, tid), f"the folder of {kind} task {tid!r}", ReportError)
         return os.path.join(self.path, "tasks", kind, tid)
+
+    def _model_entries(self) -> list[dict]:
+        """sweep.json's model entries, checked before any path is built from them: the ids are
+        task ids (hex), the seed a whole number. Without sweep.json, the predictions table's
+        models (ids of another form, as in a hand-made table, have no task folder)."""
+        entries = self.meta.get("models")
+        if not isinstance(entries, list):
+            if "models" in self.meta:
+                raise ReportError(f"{self.path}/sweep.json: 'models' is {_short(entries)}; expected a list of model entries")
+            keys = ["model", "condition", "arch", "seed", "exposure"] + (["cell"] if "cell" in self.predictions else [])
+            rows = self.predictions[keys].drop_duplicates("model").to_dict("records")
+            return [dict(r, model=str(r["model"]), task=TASK_ID.pattern.fullmatch(str(r["model"])) is not None) for r in rows]
+        out = []
+        for k, m in enumerate(entries):
+            where = f"{self.path}/sweep.json: models[{k}]"
+            if not isinstance(m, dict):
+                raise ReportError(f"{where} is {_short(m)}; expected a model entry (a JSON object with 'model', 'seed', ...)")
+            check_id(m.get("model"), TASK_ID, "model id", where, ReportError)
+            if m.get("split_id"):
+                check_id(m["split_id"], TASK_ID, "split_id", where, ReportError)
+            seed = m.get("seed", 0)
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ReportError(f"{where}: seed is {_short(seed)}; expected a whole number")
+            out.append(dict(m, task=True))
+        return out
 
     def _split_files(self, split_id: str) -> dict:
         """The crop manifest, split manifest, manifest columns and geometry flag of a split
@@ -149,9 +185,14 @@ class SweepFolder:
             with open(os.path.join(folder, "result.json"), encoding="utf-8") as f:
                 res = json.load(f)["result"]
             manifest = res["manifest"]
-            manifest = manifest if os.path.isabs(manifest) else os.path.join(self.path, manifest)
         except (OSError, KeyError, TypeError, json.JSONDecodeError):
             res, manifest = {}, None
+        if isinstance(manifest, str) and not os.path.isabs(manifest):
+            # a benchmark the sweep made lies inside it (a user's own manifest is recorded absolute)
+            inside(self.path, manifest, f"{folder}/result.json: crop manifest", ReportError)
+            manifest = os.path.join(self.path, manifest)
+        elif not isinstance(manifest, str):
+            manifest = None
         return dict(manifest=manifest if manifest and os.path.isfile(manifest) else None,
                     split=split if os.path.isfile(split) else None,
                     columns=res.get("columns") if isinstance(res.get("columns"), dict) else None,
@@ -159,18 +200,14 @@ class SweepFolder:
 
     def models(self) -> list[ModelRef]:
         """Every model sweep.json lists (or, without it, every model of the predictions table)."""
-        entries = self.meta.get("models")
-        if not isinstance(entries, list):
-            keys = ["model", "condition", "arch", "seed", "exposure"] + (["cell"] if "cell" in self.predictions else [])
-            entries = self.predictions[keys].drop_duplicates("model").to_dict("records")
         out = []
-        for m in entries:
-            tid = str(m.get("model"))
-            run = self._task("train", tid)
-            files = self._split_files(str(m["split_id"])) if m.get("split_id") else dict(manifest=None, split=None)
+        for m in self._entries:
+            tid = m["model"]
+            run = self._task("train", tid) if m["task"] else None
+            files = self._split_files(m["split_id"]) if m.get("split_id") else dict(manifest=None, split=None)
             out.append(ModelRef(model=tid, condition=str(m.get("condition", "")), arch=str(m.get("arch", "")),
                                 seed=int(m.get("seed", 0)), exposure=str(m.get("exposure") or ""), cell=str(m.get("cell") or ""),
-                                run_dir=run if os.path.isfile(os.path.join(run, "run.json")) else None,
+                                run_dir=run if run and os.path.isfile(os.path.join(run, "run.json")) else None,
                                 **files))
         return out
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from ..errors import ShortcutlabError
+from ..paths import wrong_kind
 
 
 class SweepConfigError(ShortcutlabError):
@@ -269,7 +270,7 @@ def load_config(path: str | os.PathLike, limits: Mapping[str, int] | None = None
     path = os.fspath(path)
     caps = check_limits(limits)
     if not os.path.isfile(path):
-        raise SweepConfigError(f"sweep config {path!r} does not exist or is not a file")
+        raise SweepConfigError(f"sweep config {path!r} {wrong_kind(path, 'file')}")
     size = os.path.getsize(path)
     if size > caps["bytes"]:
         raise _over(path, "bytes", size, caps["bytes"])
@@ -549,7 +550,7 @@ def _manifest(ck: _Checker, value: Any, base_dir: str) -> Condition:
             ck.typed(f"data.manifest.{k}", v, (str,), "a string")
     path = m["path"] if os.path.isabs(m["path"]) else os.path.normpath(os.path.join(base_dir, m["path"]))
     if not os.path.isfile(path):
-        raise ck.error("data.manifest.path", f"crop manifest {m['path']!r} does not exist (looked for {path})")
+        raise ck.error("data.manifest.path", f"crop manifest {m['path']!r} {wrong_kind(path, 'file')} (looked for {path})")
     try:
         cols = list(pd.read_csv(path, nrows=0).columns)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
@@ -710,7 +711,7 @@ def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) 
     w = ck.typed(f"{p}.weights", e["weights"], (str,), "a local .safetensors or .pt/.pth state dict file")
     full = w if os.path.isabs(w) else os.path.normpath(os.path.join(base_dir, w))
     if not os.path.isfile(full):
-        raise ck.error(f"{p}.weights", f"weights file {w!r} does not exist (looked for {full})")
+        raise ck.error(f"{p}.weights", f"weights file {w!r} {wrong_kind(full, 'file')} (looked for {full})")
     arch = ck.typed(f"{p}.arch", e["arch"], (str,), "a timm model name")
     if arch not in _archs():
         raise ck.error(f"{p}.arch", f"unknown architecture {arch!r}{_close(arch, _archs())} (any timm model name: timm.list_models())")
@@ -762,6 +763,8 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
             e = ck.keys(p, entry, ("checkpoint",))
             cp = ck.typed(f"{p}.checkpoint", e["checkpoint"], (str,), "a run folder written by `shortcutlab train`")
             full = cp if os.path.isabs(cp) else os.path.normpath(os.path.join(base_dir, cp))
+            if os.path.exists(full) and not os.path.isdir(full):
+                raise ck.error(f"{p}.checkpoint", f"run folder {cp!r} {wrong_kind(full, 'folder')} (looked for {full})")
             for f in ("run.json", "model.safetensors"):
                 if not os.path.isfile(os.path.join(full, f)):
                     raise ck.error(f"{p}.checkpoint", f"{cp!r} is not a run folder of `shortcutlab train`: it has no {f} (looked in {full})")
@@ -788,7 +791,7 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
                 if k == "weights" and x is not None:
                     full = x if os.path.isabs(x) else os.path.normpath(os.path.join(base_dir, x))
                     if not os.path.isfile(full):
-                        raise ck.error(pj, f"weights file {x!r} does not exist (looked for {full})")
+                        raise ck.error(pj, f"weights file {x!r} {wrong_kind(full, 'file')} (looked for {full})")
         for point in expand(e):
             if point.get("weights"):
                 w = point["weights"]

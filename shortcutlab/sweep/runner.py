@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..errors import ShortcutlabError
 from ..io import atomic_files, check_writable, write_json
+from ..paths import wrong_kind
 from .config import SweepConfig, load_config
 from .executors import Executor, LocalExecutor
 from .tasks import KINDS, Plan, TaskRunner, build_plan, is_done, read_result, task_dir
@@ -290,7 +291,7 @@ def _read_parquet(out_dir: str, name: str, required: bool = True) -> pd.DataFram
     out_dir = os.fspath(out_dir)
     path = os.path.join(out_dir, f"{name}.parquet")
     if not os.path.isdir(out_dir):
-        raise SweepError(f"sweep folder {out_dir!r} does not exist")
+        raise SweepError(f"sweep folder {out_dir!r} {wrong_kind(out_dir, 'folder')}")
     if not os.path.isfile(path):
         if not required:
             return None
@@ -308,6 +309,15 @@ def read_predictions(out_dir: str) -> pd.DataFrame:
     if missing:
         path = os.path.join(os.fspath(out_dir), "predictions.parquet")
         raise SweepError(f"{path!r} lacks the columns {', '.join(missing)}; it was not written by `shortcutlab sweep`")
+    from ..stats import StatsError, correct_as_float
+
+    path = os.path.join(os.fspath(out_dir), "predictions.parquet")
+    if len(pred) == 0:
+        raise SweepError(f"{path!r} holds no rows: the sweep scored no crops, so there is nothing to summarise")
+    try:
+        pred["correct"] = correct_as_float(pred["correct"])
+    except StatsError as e:
+        raise SweepError(f"{path!r}: {e}") from None
     return pred
 
 

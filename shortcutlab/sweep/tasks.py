@@ -168,11 +168,16 @@ def _model_tasks(cfg, g: TaskGraph, key: dict, inputs: dict, deps: list, seed: i
 
 def _checkpoint_key(path: str) -> dict:
     from ..manifest import read_sidecar
-    from ..runs import read_record
+    from ..runs import read_record, weights_path
     from .graph import task_id
 
     rec = read_record(path)
-    sha = file_sha256(os.path.join(path, rec.get("files", {}).get("weights", "model.safetensors")))
+    weights = weights_path(path, rec)
+    if not os.path.isfile(weights):
+        from ..runs import RunError
+
+        raise RunError(f"run folder {path!r} has no model weights ({os.path.basename(weights)} is missing)")
+    sha = file_sha256(weights)
     cell = rec.get("cell") or ""
     split = (rec.get("data") or {}).get("split")
     meta = read_sidecar(split) if split and os.path.exists(split) else None
@@ -230,8 +235,13 @@ def _split_files(root: str, split_id: str) -> tuple[dict, str]:
 
 
 def _manifest_path(root: str, res: dict) -> str:
-    p = res["manifest"]
-    return p if os.path.isabs(p) else os.path.join(root, p)
+    from ..paths import inside
+
+    p = res["manifest"]  # a benchmark the sweep made is recorded relative and lies inside it
+    if os.path.isabs(p):
+        return p
+    inside(root, p, f"{root}/tasks/split result: crop manifest")
+    return os.path.join(root, p)
 
 
 def _table(root: str, res: dict, box: bool = False):
