@@ -260,7 +260,7 @@ def cmd_verify(args) -> int:
 def cmd_synth(args) -> int:
     import time
 
-    from .synth import SynthConfig, parse_mechanisms, synthesize, write_synth
+    from .synth import SynthConfig, parse_mechanisms, claim_synth_dir, synthesize, write_synth
 
     # Options left out keep SynthConfig's defaults (one source of truth).
     given = {
@@ -280,6 +280,7 @@ def cmd_synth(args) -> int:
     params["mixed_fields"] = args.mixed_fields
     config = SynthConfig(**params)
     _check_output_folder(args.out, "--out", replaced=True)
+    claim_synth_dir(args.out)  # before the benchmark is drawn: a folder of someone else's files is refused
     t0 = time.perf_counter()
     data = synthesize(config)
     t1 = time.perf_counter()
