@@ -344,8 +344,8 @@ def claim_output_dir(out_dir: str | os.PathLike, kind: str, names: Iterable[str]
     """Check that shortcutlab may write the output `kind` in `out_dir`, before any work.
 
     The folder must be missing, empty, or one this tool wrote: its marker (`MARKER`, schema
-    `MARKER_SCHEMA`) names `kind` and lists every file in it, except temporaries of this
-    module and nested output folders with markers of their own. A folder written before the
+    `MARKER_SCHEMA`) names `kind`, and every file in it is listed there or in `names`, a
+    temporary of this module, or inside a nested output folder with a marker of its own. A folder written before the
     marker existed is accepted when `legacy(folder)` recognises it and it holds only `names`
     (``"name/"`` is a folder the output owns whole). Stale temporaries of `out_dir` are removed
     first (`clean_stale`).
@@ -366,7 +366,7 @@ def claim_output_dir(out_dir: str | os.PathLike, kind: str, names: Iterable[str]
         if marker["kind"] != kind:
             raise OutputError(f"output folder {out!r} holds a shortcutlab {marker['kind']} output, not a {kind} one; "
                               f"give a new or empty folder")
-        first = _foreign(out, _owned_by(marker["files"]))
+        first = _foreign(out, _owned_by(marker["files"] + names))
     elif os.path.exists(os.path.join(out, MARKER)):
         raise OutputError(f"output folder {out!r} holds a {MARKER} that shortcutlab cannot read; {how}")
     elif legacy is not None and legacy(out):
@@ -456,7 +456,7 @@ def atomic_dir(out_dir: str | os.PathLike, kind: str | None = None, names: Itera
 def _not_owned(out: str, kind: str, names: list[str], new: str) -> list[str]:
     """The entries of `out` that its output does not own and the new folder `new` lacks."""
     marker = read_marker(out)
-    owned = _owned_by(marker["files"] if marker is not None and marker["kind"] == kind else names)
+    owned = _owned_by((marker["files"] if marker is not None and marker["kind"] == kind else []) + list(names))
     keep = []
     for e in sorted(os.listdir(out)):
         if e == MARKER or _is_temporary(e) or owned(e) or owned(e + "/") or os.path.lexists(os.path.join(new, e)):

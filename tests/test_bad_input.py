@@ -1472,3 +1472,19 @@ def test_a_synth_killed_mid_write_leaves_a_temporary_that_the_next_run_removes(t
     assert temps and (tmp_path / temps[0]).is_dir() and not out.exists(), "the synth finished before it could be killed"
     assert main(["synth", *_SYNTH_SMALL, "--out", str(out)]) == 0
     assert _os.listdir(tmp_path) == ["D"] and "removed 1 stale temporary" in capsys.readouterr().err
+
+
+def test_a_run_folder_with_its_diagnostics_can_be_trained_again(tmp_path):
+    from shortcutlab.io import write_marker
+    from shortcutlab.recipe import _check_out_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for f in ("model.safetensors", "logits.csv", "run.json"):
+        (run / f).write_text("x")
+    write_marker(run, "run", ["model.safetensors", "logits.csv", "run.json"])  # as train leaves it
+    (run / "diagnostics.csv").write_text("x")  # then `shortcutlab diagnose RUN`
+    _check_out_dir(str(run))
+    (run / "my_notes.md").write_text("mine")
+    with pytest.raises(OutputError, match="holds 'my_notes.md'"):
+        _check_out_dir(str(run))
