@@ -373,12 +373,30 @@ def cmd_demo(args) -> int:
     return 0
 
 
+#: what `shortcutlab siblings` writes in its --out folder
+SIBLINGS_FILES = ("siblings.csv", "siblings.json", "contact_sheet.png")
+
+
+def _is_legacy_siblings(out: str) -> bool:
+    """A siblings folder written before output markers: its siblings.json is a summary."""
+    import json
+
+    try:
+        with open(os.path.join(out, "siblings.json"), encoding="utf-8") as f:
+            return isinstance(json.load(f), dict)
+    except (OSError, ValueError):
+        return False
+
+
 def cmd_siblings(args) -> int:
+    from .io import claim_output_dir, write_marker
     from .siblings import run
 
     _check_output_folder(args.out, "--out")
+    claim_output_dir(args.out, "siblings", SIBLINGS_FILES, _is_legacy_siblings)
     summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
                   id=args.id, cell=args.cell, n_sheet=args.pairs)
+    write_marker(args.out, "siblings", SIBLINGS_FILES)
     how = "" if args.threshold is not None else " (default, chosen on synthetic augmentations)"
     print(f"{summary['n_with_sibling']} of {summary['n_test']} test images ({100 * summary['share']:.2f}%) have a training sibling "
           f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else ""))

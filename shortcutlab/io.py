@@ -356,7 +356,7 @@ def claim_output_dir(out_dir: str | os.PathLike, kind: str, names: Iterable[str]
     out = os.fspath(out_dir)
     names = list(names)
     if os.path.exists(out) and not os.path.isdir(out):
-        raise OutputError(f"output folder {out!r} is a file; give a folder")
+        raise OutputError(f"output folder {out!r} is a file, not a folder; give a folder")
     clean_stale(out, [n.rstrip("/") for n in names])
     if not os.path.isdir(out) or not os.listdir(out):
         return
@@ -366,7 +366,9 @@ def claim_output_dir(out_dir: str | os.PathLike, kind: str, names: Iterable[str]
         if marker["kind"] != kind:
             raise OutputError(f"output folder {out!r} holds a shortcutlab {marker['kind']} output, not a {kind} one; "
                               f"give a new or empty folder")
-        first = _foreign(out, _owned_by(marker["files"] + names))
+        # the files the output may add later count too, but not whole folders: the marker
+        # lists each file it wrote in them
+        first = _foreign(out, _owned_by(marker["files"] + [n for n in names if not n.endswith("/")]))
     elif os.path.exists(os.path.join(out, MARKER)):
         raise OutputError(f"output folder {out!r} holds a {MARKER} that shortcutlab cannot read; {how}")
     elif legacy is not None and legacy(out):
@@ -456,7 +458,8 @@ def atomic_dir(out_dir: str | os.PathLike, kind: str | None = None, names: Itera
 def _not_owned(out: str, kind: str, names: list[str], new: str) -> list[str]:
     """The entries of `out` that its output does not own and the new folder `new` lacks."""
     marker = read_marker(out)
-    owned = _owned_by((marker["files"] if marker is not None and marker["kind"] == kind else []) + list(names))
+    marked = marker is not None and marker["kind"] == kind
+    owned = _owned_by(marker["files"] + [n for n in names if not n.endswith("/")] if marked else list(names))
     keep = []
     for e in sorted(os.listdir(out)):
         if e == MARKER or _is_temporary(e) or owned(e) or owned(e + "/") or os.path.lexists(os.path.join(new, e)):

@@ -1488,3 +1488,11 @@ def test_a_run_folder_with_its_diagnostics_can_be_trained_again(tmp_path):
     (run / "my_notes.md").write_text("mine")
     with pytest.raises(OutputError, match="holds 'my_notes.md'"):
         _check_out_dir(str(run))
+
+
+def test_siblings_cli_never_overwrites_a_foreign_file(tmp_path, capsys):
+    out = tmp_path / "sib"
+    mine = _precious(out, "siblings.csv", "my own table")
+    line = cli_error(["siblings", str(tmp_path / "train"), str(tmp_path / "test"), "--out", str(out)], capsys)
+    assert line.startswith("shortcutlab siblings: error: output folder ") and "'siblings.csv'" in line
+    assert _os.listdir(out) == ["siblings.csv"] and mine.read_text() == "my own table"
