@@ -12,6 +12,7 @@ import os
 import sys
 
 from .errors import ManifestHashError, ShortcutlabError
+from .io import claim_output_files, register_output_files
 
 
 def _add_table_options(p: argparse.ArgumentParser) -> None:
@@ -68,6 +69,22 @@ def _check_output_files(table: str | None, outputs: list[tuple[str, str | None]]
             raise OutputError(f"{flag} {path!r} is also the path of {seen[where]}; give each output its own path")
         seen[where] = flag
         check_writable(path)
+
+
+def _json_of(name: str):
+    """A test of an --out folder written before output markers: its `name` (litmus.json,
+    control.json, diagnostics.json) is a JSON object with a list of rows, as shortcutlab writes
+    them, so the CSV beside it is shortcutlab's too."""
+
+    def legacy(folder: str) -> bool:
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            return False
+        return isinstance(d, dict) and isinstance(d.get("rows"), list)
+
+    return legacy
 
 
 def _check_output_folder(path: str, flag: str, *, replaced: bool = False) -> None:
@@ -443,6 +460,7 @@ def cmd_litmus(args) -> int:
     check_size(args.size, crops)
     check_split_sides(crops, split, args.cell, "the litmus test")
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("litmus.csv", "litmus.json")])
+    claim_output_files(args.out, ("litmus.csv", "litmus.json"), _json_of("litmus.json"))
     res = litmus(crops, split, positions=positions, size=args.size, config=cfg, cell=args.cell, progress=not args.quiet)
     frame = res.frame()
     print(f"litmus: {cfg.arch} trained on one {res.size} x {res.size} patch of the {res.crop_size[0]} x {res.crop_size[1]} crops per position "
@@ -454,6 +472,7 @@ def cmd_litmus(args) -> int:
         frame.to_csv(stage.path(os.path.join(args.out, "litmus.csv")), index=False)
         with open(stage.path(os.path.join(args.out, "litmus.json")), "w", encoding="utf-8") as f:
             f.write(to_json(res.to_dict()))
+    register_output_files(args.out, ("litmus.csv", "litmus.json"))
     print(f"wrote {os.path.join(args.out, 'litmus.csv')} and litmus.json")
     return 0
 
@@ -491,6 +510,7 @@ def cmd_control(args) -> int:
     crops = load_crops(table)
     check_split_sides(crops, split, args.cell, "the deleted-signal control")
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("control.csv", "control.json")])
+    claim_output_files(args.out, ("control.csv", "control.json"), _json_of("control.json"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ControlWarning)  # printed below, from the result's notes
         res = deleted_signal_control(crops, split, delete=args.delete, config=cfg, cell=args.cell, fill=args.fill, dilate=args.dilate,
@@ -505,6 +525,7 @@ def cmd_control(args) -> int:
         res.frame().to_csv(stage.path(os.path.join(args.out, "control.csv")), index=False)
         with open(stage.path(os.path.join(args.out, "control.json")), "w", encoding="utf-8") as f:
             f.write(to_json(res.to_dict()))
+    register_output_files(args.out, ("control.csv", "control.json"))
     print(f"wrote {os.path.join(args.out, 'control.csv')} and control.json")
     return 0
 
@@ -535,6 +556,7 @@ def cmd_diagnose(args) -> int:
     if not args.arch:
         read_record(args.run)  # a folder that is no run is named before anything is created
     _check_output_files(None, [("--out", os.path.join(out_dir, "diagnostics.csv")), ("--out", os.path.join(out_dir, "diagnostics.json"))])
+    claim_output_files(out_dir, ("diagnostics.csv", "diagnostics.json"), _json_of("diagnostics.json"))
     if args.arch:
         from .adapter import create_model, wrap
 
@@ -567,6 +589,7 @@ def cmd_diagnose(args) -> int:
     meta = {"run": run.path, "run_id": args.run_id or run.run_id, "split_sha256": split.hash, "cell": run.record.get("cell"),
             "diagnostics": log, "params": params, "seed": args.seed, "seconds": round(time.perf_counter() - t0, 2)}
     paths = probes.write_diagnostics(out_dir, rows, meta)
+    register_output_files(out_dir, ("diagnostics.csv", "diagnostics.json"))
     for entry in log:
         if entry["status"] != "ok":
             print(f"  {entry['diagnostic']}: {entry['status']} ({entry['reason']})")

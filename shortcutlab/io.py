@@ -315,6 +315,13 @@ def _owned_by(entries: Iterable[str]) -> Callable[[str], bool]:
     return lambda rel: rel in files or rel.startswith(dirs)
 
 
+def _with_names(listed: list[str], names: Iterable[str]) -> list[str]:
+    """A marker's files and the output's `names` (files it may add later: diagnostics in a run
+    folder, a sweep's tables), except folders whose files the marker lists one by one (a
+    foreign file in a benchmark's crops/ is found)."""
+    return list(listed) + [n for n in names if not (n.endswith("/") and any(f.startswith(n) for f in listed))]
+
+
 def _foreign(root: str, owned: Callable[[str], bool]) -> str | None:
     """The first (sorted) file or folder under `root` that is not owned: not listed, not a
     temporary of this module, not inside a nested output folder with its own marker."""
@@ -366,9 +373,7 @@ def claim_output_dir(out_dir: str | os.PathLike, kind: str, names: Iterable[str]
         if marker["kind"] != kind:
             raise OutputError(f"output folder {out!r} holds a shortcutlab {marker['kind']} output, not a {kind} one; "
                               f"give a new or empty folder")
-        # the files the output may add later count too, but not whole folders: the marker
-        # lists each file it wrote in them
-        first = _foreign(out, _owned_by(marker["files"] + [n for n in names if not n.endswith("/")]))
+        first = _foreign(out, _owned_by(_with_names(marker["files"], names)))
     elif os.path.exists(os.path.join(out, MARKER)):
         raise OutputError(f"output folder {out!r} holds a {MARKER} that shortcutlab cannot read; {how}")
     elif legacy is not None and legacy(out):
@@ -378,6 +383,40 @@ def claim_output_dir(out_dir: str | os.PathLike, kind: str, names: Iterable[str]
     if first is not None:
         raise OutputError(f"output folder {out!r} holds {first!r}, which shortcutlab did not write as a {kind} output "
                           f"there; {how}")
+
+
+def claim_output_files(out_dir: str | os.PathLike, names: Iterable[str], legacy: Callable[[str], bool] | None = None) -> None:
+    """Check that the files `names` may be written in `out_dir`, a folder that other files may
+    share (`--out` of litmus, control, diagnose): none of them exists, or each is listed by the
+    folder's marker, or `legacy(out_dir)` recognises the existing ones as shortcutlab's (written
+    before markers existed). Other files in the folder are left alone. Stale temporaries of
+    these files are removed first.
+
+    Raises:
+        OutputError: naming the folder and the first (sorted) existing file of `names` that
+            shortcutlab did not write.
+    """
+    out = os.fspath(out_dir)
+    names = sorted(names)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OutputError(f"output folder {out!r} is a file, not a folder; give a folder")
+    if not os.path.isdir(out):
+        return
+    clean_stale(out, names)
+    marker = read_marker(out)
+    listed = _owned_by(marker["files"] if marker is not None else [])
+    there = [n for n in names if os.path.lexists(os.path.join(out, n)) and not listed(n)]
+    if there and not (marker is None and legacy is not None and legacy(out)):
+        raise OutputError(f"output folder {out!r} holds {there[0]!r}, which shortcutlab did not write there and would "
+                          f"overwrite; give another folder, or move that away")
+
+
+def register_output_files(out_dir: str | os.PathLike, names: Iterable[str]) -> None:
+    """Add `names` to the marker of `out_dir` (kind ``files`` for a folder without one), so that
+    the next run may replace them (`claim_output_files`)."""
+    out = os.fspath(out_dir)
+    marker = read_marker(out)
+    write_marker(out, marker["kind"] if marker is not None else "files", names)
 
 
 def _listing(root: str) -> list[str]:
@@ -459,7 +498,7 @@ def _not_owned(out: str, kind: str, names: list[str], new: str) -> list[str]:
     """The entries of `out` that its output does not own and the new folder `new` lacks."""
     marker = read_marker(out)
     marked = marker is not None and marker["kind"] == kind
-    owned = _owned_by(marker["files"] + [n for n in names if not n.endswith("/")] if marked else list(names))
+    owned = _owned_by(_with_names(marker["files"], names) if marked else list(names))
     keep = []
     for e in sorted(os.listdir(out)):
         if e == MARKER or _is_temporary(e) or owned(e) or owned(e + "/") or os.path.lexists(os.path.join(new, e)):

@@ -513,9 +513,9 @@ def _check_out_dir(out_dir: str | os.PathLike) -> None:
     claim_output_dir(out, "run", RUN_FILES, _is_legacy_run)
 
 
-#: what a run folder holds: `train`'s files, those `shortcutlab diagnose` adds, and a sweep's
-#: record of its train task
-RUN_FILES = ("model.safetensors", "logits.csv", "run.json", "diagnostics.csv", "diagnostics.json", "result.json")
+#: what a run folder holds: `train`'s files, those `shortcutlab diagnose` adds (and its feature
+#: cache), and a sweep's record of its train task
+RUN_FILES = ("model.safetensors", "logits.csv", "run.json", "diagnostics.csv", "diagnostics.json", ".features/", "result.json")
 
 
 def _is_legacy_run(out: str) -> bool:

@@ -1496,3 +1496,43 @@ def test_siblings_cli_never_overwrites_a_foreign_file(tmp_path, capsys):
     line = cli_error(["siblings", str(tmp_path / "train"), str(tmp_path / "test"), "--out", str(out)], capsys)
     assert line.startswith("shortcutlab siblings: error: output folder ") and "'siblings.csv'" in line
     assert _os.listdir(out) == ["siblings.csv"] and mine.read_text() == "my own table"
+
+
+@pytest.mark.parametrize("cmd", ["litmus", "control"])
+def test_litmus_and_control_never_overwrite_a_users_table(cmd, tmp_path, capsys):
+    out = tmp_path / "shared"
+    mine = _precious(out, f"{cmd}.csv", "my own table")
+    extra = ["--delete", "labels"] if cmd == "control" else ["--size", "4"]
+    line = cli_error([cmd, *_litmus_inputs(tmp_path), *extra, "--out", str(out), "--epochs", "1", "--quiet"], capsys)
+    assert f"shared' holds '{cmd}.csv', which shortcutlab did not write there" in line
+    assert _os.listdir(out) == [f"{cmd}.csv"] and mine.read_text() == "my own table"
+
+
+def test_diagnose_never_overwrites_a_users_table(tmp_path, capsys):
+    out = tmp_path / "elsewhere"
+    mine = _precious(out, "diagnostics.json", '{"mine": 1}')
+    run = _bare_run(tmp_path)
+    _precious(tmp_path / "run", "model.safetensors", "refused before it is read")
+    line = cli_error(["diagnose", run, "--out", str(out)], capsys)
+    assert "elsewhere' holds 'diagnostics.json'" in line and mine.read_text() == '{"mine": 1}'
+
+
+def test_a_shared_out_folder_takes_the_tables_of_several_commands(tmp_path):
+    from shortcutlab.io import claim_output_files, read_marker, register_output_files
+
+    out = tmp_path / "results"
+    _precious(out, "notes.md")  # the user's, beside the tables: left alone, not refused
+    claim_output_files(out, ["litmus.csv", "litmus.json"])
+    for f in ("litmus.csv", "litmus.json"):
+        (out / f).write_text("x")
+    register_output_files(out, ["litmus.csv", "litmus.json"])
+    claim_output_files(out, ["litmus.csv", "litmus.json"])  # a re-run replaces its own tables
+    claim_output_files(out, ["control.csv", "control.json"])
+    assert read_marker(out)["files"] == ["litmus.csv", "litmus.json"] and (out / "notes.md").is_file()
+    # tables of an earlier version (no marker) are recognised by their JSON
+    old = tmp_path / "old"
+    _precious(old, "control.json", '{"rows": []}')
+    (old / "control.csv").write_text("x")
+    from shortcutlab.cli import _json_of
+
+    claim_output_files(old, ["control.csv", "control.json"], _json_of("control.json"))
