@@ -12,6 +12,7 @@ import os
 import sys
 
 from .errors import ManifestHashError, ShortcutlabError
+from .io import claim_output_files, register_output_files
 
 
 def _add_table_options(p: argparse.ArgumentParser) -> None:
@@ -68,6 +69,22 @@ def _check_output_files(table: str | None, outputs: list[tuple[str, str | None]]
             raise OutputError(f"{flag} {path!r} is also the path of {seen[where]}; give each output its own path")
         seen[where] = flag
         check_writable(path)
+
+
+def _json_of(name: str):
+    """A test of an --out folder written before output markers: its `name` (litmus.json,
+    control.json, diagnostics.json) is a JSON object with a list of rows, as shortcutlab writes
+    them, so the CSV beside it is shortcutlab's too."""
+
+    def legacy(folder: str) -> bool:
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            return False
+        return isinstance(d, dict) and isinstance(d.get("rows"), list)
+
+    return legacy
 
 
 def _check_output_folder(path: str, flag: str, *, replaced: bool = False) -> None:
@@ -260,7 +277,7 @@ def cmd_verify(args) -> int:
 def cmd_synth(args) -> int:
     import time
 
-    from .synth import SynthConfig, parse_mechanisms, synthesize, write_synth
+    from .synth import SynthConfig, parse_mechanisms, claim_synth_dir, synthesize, write_synth
 
     # Options left out keep SynthConfig's defaults (one source of truth).
     given = {
@@ -280,6 +297,7 @@ def cmd_synth(args) -> int:
     params["mixed_fields"] = args.mixed_fields
     config = SynthConfig(**params)
     _check_output_folder(args.out, "--out", replaced=True)
+    claim_synth_dir(args.out)  # before the benchmark is drawn: a folder of someone else's files is refused
     t0 = time.perf_counter()
     data = synthesize(config)
     t1 = time.perf_counter()
@@ -372,12 +390,30 @@ def cmd_demo(args) -> int:
     return 0
 
 
+#: what `shortcutlab siblings` writes in its --out folder
+SIBLINGS_FILES = ("siblings.csv", "siblings.json", "contact_sheet.png")
+
+
+def _is_legacy_siblings(out: str) -> bool:
+    """A siblings folder written before output markers: its siblings.json is a summary."""
+    import json
+
+    try:
+        with open(os.path.join(out, "siblings.json"), encoding="utf-8") as f:
+            return isinstance(json.load(f), dict)
+    except (OSError, ValueError):
+        return False
+
+
 def cmd_siblings(args) -> int:
+    from .io import claim_output_dir, write_marker
     from .siblings import run
 
     _check_output_folder(args.out, "--out")
+    claim_output_dir(args.out, "siblings", SIBLINGS_FILES, _is_legacy_siblings)
     summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
                   id=args.id, cell=args.cell, n_sheet=args.pairs)
+    write_marker(args.out, "siblings", SIBLINGS_FILES)
     how = "" if args.threshold is not None else " (default, chosen on synthetic augmentations)"
     print(f"{summary['n_with_sibling']} of {summary['n_test']} test images ({100 * summary['share']:.2f}%) have a training sibling "
           f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else ""))
@@ -424,6 +460,7 @@ def cmd_litmus(args) -> int:
     check_size(args.size, crops)
     check_split_sides(crops, split, args.cell, "the litmus test")
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("litmus.csv", "litmus.json")])
+    claim_output_files(args.out, ("litmus.csv", "litmus.json"), _json_of("litmus.json"))
     res = litmus(crops, split, positions=positions, size=args.size, config=cfg, cell=args.cell, progress=not args.quiet)
     frame = res.frame()
     print(f"litmus: {cfg.arch} trained on one {res.size} x {res.size} patch of the {res.crop_size[0]} x {res.crop_size[1]} crops per position "
@@ -435,6 +472,7 @@ def cmd_litmus(args) -> int:
         frame.to_csv(stage.path(os.path.join(args.out, "litmus.csv")), index=False)
         with open(stage.path(os.path.join(args.out, "litmus.json")), "w", encoding="utf-8") as f:
             f.write(to_json(res.to_dict()))
+    register_output_files(args.out, ("litmus.csv", "litmus.json"))
     print(f"wrote {os.path.join(args.out, 'litmus.csv')} and litmus.json")
     return 0
 
@@ -472,6 +510,7 @@ def cmd_control(args) -> int:
     crops = load_crops(table)
     check_split_sides(crops, split, args.cell, "the deleted-signal control")
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("control.csv", "control.json")])
+    claim_output_files(args.out, ("control.csv", "control.json"), _json_of("control.json"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ControlWarning)  # printed below, from the result's notes
         res = deleted_signal_control(crops, split, delete=args.delete, config=cfg, cell=args.cell, fill=args.fill, dilate=args.dilate,
@@ -486,6 +525,7 @@ def cmd_control(args) -> int:
         res.frame().to_csv(stage.path(os.path.join(args.out, "control.csv")), index=False)
         with open(stage.path(os.path.join(args.out, "control.json")), "w", encoding="utf-8") as f:
             f.write(to_json(res.to_dict()))
+    register_output_files(args.out, ("control.csv", "control.json"))
     print(f"wrote {os.path.join(args.out, 'control.csv')} and control.json")
     return 0
 
@@ -560,6 +600,7 @@ def cmd_diagnose(args) -> int:
         run = load_run(args.run, device=args.device)
     # the model is built first: weights that cannot be loaded are named before --out is made
     _check_output_files(None, [("--out", os.path.join(out_dir, "diagnostics.csv")), ("--out", os.path.join(out_dir, "diagnostics.json"))])
+    claim_output_files(out_dir, ("diagnostics.csv", "diagnostics.json"), _json_of("diagnostics.json"))
     crops, split, side = load_run_data(run, args.manifest, args.split, args.cell)
     targets = probes.unseen_field_targets_for(crops, split, seed=args.seed) if args.unseen_field_targets else None
     preprocess = None
@@ -581,6 +622,7 @@ def cmd_diagnose(args) -> int:
     meta = {"run": run.path, "run_id": args.run_id or run.run_id, "split_sha256": split.hash, "cell": run.record.get("cell"),
             "diagnostics": log, "params": params, "seed": args.seed, "seconds": round(time.perf_counter() - t0, 2)}
     paths = probes.write_diagnostics(out_dir, rows, meta)
+    register_output_files(out_dir, ("diagnostics.csv", "diagnostics.json"))
     for entry in log:
         if entry["status"] != "ok":
             print(f"  {entry['diagnostic']}: {entry['status']} ({entry['reason']})")

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from .data import CropImages
-from .io import atomic_files, check_writable, write_csv, write_json
+from .io import atomic_files, check_writable, claim_output_dir, write_csv, write_json, write_marker
 from .splits import FACTORIAL_CELLS, factorial_split
 from .table import CropTable
 
@@ -253,14 +253,42 @@ def leak_effects(results: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
+def demo_files(cfg: DemoConfig) -> list[str]:
+    """What `run_demo` writes in its folder (``name/``: a folder it owns whole)."""
+    from .sweep.config import validate
+
+    conditions = [tuple(cfg.mechanisms)] + ([("none",)] if cfg.controls else [])
+    cond = ["+".join(validate(sweep_config(m, s, cfg), source="demo").conditions[0].params["mechanisms"]) + f"_seed{s}/"
+            for m in conditions for s in cfg.seeds]
+    return ["results.csv", "effects.csv", "summary.json", "sweep/", "report/"] + cond
+
+
+def _is_legacy_demo(out: str) -> bool:
+    """A demo folder written before output markers: its summary.json is a demo's, or its
+    sweep/ folder is a sweep (a demo stopped before its summary)."""
+    from .sweep.runner import _is_legacy_sweep
+
+    try:
+        with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+            d = json.load(f)
+        return isinstance(d, dict) and "mean_leak_effect_pp" in d
+    except (OSError, ValueError):
+        return os.path.isdir(os.path.join(out, "sweep")) and _is_legacy_sweep(os.path.join(out, "sweep"))
+
+
 def run_demo(out_dir: str, cfg: DemoConfig = DemoConfig()) -> dict:
     """Run every condition and seed; write results.csv, effects.csv and summary.json.
 
     Returns:
         The summary: mean leak effect (percentage points) per condition, and the file paths.
     """
-    # A folder that cannot be written is refused before the first model trains.
+    # A folder that cannot be written, or holds files the demo did not write, is refused
+    # before the first model trains; it is marked as the demo's at once, so a demo stopped
+    # at any point resumes there.
+    names = demo_files(cfg)
+    claim_output_dir(out_dir, "demo", names, _is_legacy_demo)
     check_writable(os.path.join(out_dir, "results.csv"))
+    write_marker(out_dir, "demo", names)
     conditions = [tuple(cfg.mechanisms)] + ([("none",)] if cfg.controls else [])
     t0 = time.perf_counter()
     rows = []

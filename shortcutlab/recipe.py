@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import platform
@@ -53,7 +54,7 @@ from .data import CropImages, load_crops
 from .errors import ShortcutlabError
 from .grad_reverse import GradReverse as _GradReverse  # module attribute: tests spy on it
 from .grad_reverse import dann_lambda
-from .io import OutputError, atomic_files, to_json, write_text
+from .io import OutputError, atomic_files, claim_output_dir, to_json, write_marker, write_text
 from .manifest import SplitManifest
 from .table import CropTable
 
@@ -509,6 +510,22 @@ def _check_out_dir(out_dir: str | os.PathLike) -> None:
     target = out if os.path.isdir(out) else probe
     if not os.access(target, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write the run folder {out!r}: folder {target!r} is not writable")
+    claim_output_dir(out, "run", RUN_FILES, _is_legacy_run)
+
+
+#: what a run folder holds: `train`'s files, those `shortcutlab diagnose` adds (and its feature
+#: cache), and a sweep's record of its train task
+RUN_FILES = ("model.safetensors", "logits.csv", "run.json", "diagnostics.csv", "diagnostics.json", ".features/", "result.json")
+
+
+def _is_legacy_run(out: str) -> bool:
+    """A run folder written before output markers: its run.json is a run record."""
+    try:
+        with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and isinstance(d.get("config"), dict) and isinstance(d.get("files"), dict)
 
 
 def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:
@@ -713,4 +730,5 @@ def train(
         frame.to_csv(stage.path(os.path.join(out_dir, "logits.csv")), index=False)
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, stage.path(os.path.join(out_dir, "model.safetensors")))
         write_text(stage.path(os.path.join(out_dir, "run.json")), to_json(asdict(record)))
+    write_marker(out_dir, "run", ["model.safetensors", "logits.csv", "run.json"])
     return record

@@ -88,7 +88,7 @@ from scipy import ndimage
 from scipy.special import ndtri
 
 from .errors import ShortcutlabError
-from .io import atomic_dir
+from .io import atomic_dir, claim_output_dir
 from .paths import inside, wrong_kind
 
 MECHANISMS: tuple[str, ...] = ("color", "illumination", "background", "focus", "noise")
@@ -1113,9 +1113,9 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
         Paths: out_dir, manifest, json, cells, crops, masks, all_cells_masks.
 
     Raises:
-        SynthError: `out_dir` is a file, a non-empty folder without synth.json, or holds the
-            working directory (it is replaced whole).
-        OutputError: the folder beside which it is built cannot be written.
+        SynthError: `out_dir` is a file, or holds the working directory (it is replaced whole).
+        OutputError: `out_dir` holds a file shortcutlab did not write there (`io.claim_output_dir`),
+            or the folder beside which it is built cannot be written.
 
     Example:
         >>> from shortcutlab import CropTable
@@ -1132,12 +1132,11 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
     out = os.fspath(out_dir)
     if os.path.exists(out) and not os.path.isdir(out):
         raise SynthError(f"output folder {out!r} is a file; choose a folder")
-    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "synth.json")):
-        raise SynthError(f"output folder {out!r} is not empty and holds no synthetic benchmark (synth.json); choose a new folder")
+    claim_synth_dir(out)
     target, here = os.path.realpath(out), os.path.realpath(os.getcwd())
     if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
         raise SynthError(f"output folder {out!r} holds the working directory, and the benchmark folder is replaced whole; choose a subfolder")
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "synth", SYNTH_FILES, _is_legacy_synth) as tmp:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # a temporary folder is private (0700); the benchmark is not
@@ -1151,6 +1150,26 @@ def write_synth(data: SynthData, out_dir: str | os.PathLike, *, compress_level: 
         "masks": os.path.join(out, "masks"),
         "all_cells_masks": os.path.join(out, "all_cells_masks"),
     }
+
+
+#: what `write_synth` writes in its folder (``name/``: a folder it owns whole)
+SYNTH_FILES = ("manifest.csv", "synth.json", "cells.csv", "crops/", "masks/", "all_cells_masks/")
+
+
+def _is_legacy_synth(out: str) -> bool:
+    """A benchmark folder written before output markers: its synth.json is a benchmark's."""
+    try:
+        with open(os.path.join(out, "synth.json"), encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and d.get("format") == FORMAT and isinstance(d.get("config"), dict)
+
+
+def claim_synth_dir(out: str) -> None:
+    """Refuse, before any work, a folder that holds anything but an earlier benchmark
+    (`io.claim_output_dir`); remove the temporaries a killed `write_synth` left there."""
+    claim_output_dir(out, "synth", SYNTH_FILES, _is_legacy_synth)
 
 
 def _write_files(data: SynthData, out: str, compress_level: int, workers: int) -> None:

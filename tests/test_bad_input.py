@@ -157,7 +157,8 @@ TABLE_CASES: list[Case] = [
     Case("mask-is-a-0-1-label-image", lambda t: _crops(t, mask=_image_bytes(_np.ones((8, 8), _np.uint8))), TableError,
          ("m1.png", "id 'c1'", "values up to 1 of 255", "0 and 255")),
     Case("synth-out-is-a-file", lambda t: _synth(_csv(t, "mine", name="notes.txt")), SynthError, ("notes.txt", "is a file")),
-    Case("synth-out-holds-other-files", _synth_into_a_folder_of_notes, SynthError, ("not empty", "synth.json")),
+    Case("synth-out-holds-other-files", _synth_into_a_folder_of_notes, __import__("shortcutlab.io").io.OutputError,
+         ("notes.txt", "shortcutlab did not write", "new or empty folder")),
 ]
 
 
@@ -1088,7 +1089,7 @@ REPORT_CASES += [
     Case("report-corrupt-sweep-json", _report_corrupt_sweep_json, ReportError, ("sweep.json", "not valid JSON")),
     Case("report-correct-not-boolean", _report_bad_correct, StatsError, ("correct", "row 3", "True/False")),
     Case("report-out-is-a-file", _report_out_is_file, OutputError, ("out.html", "is a file")),
-    Case("report-out-foreign-folder", _report_out_foreign_folder, OutputError, ("mine", "other than a report")),
+    Case("report-out-foreign-folder", _report_out_foreign_folder, OutputError, ("mine", "notes.txt", "shortcutlab did not write")),
 ]
 
 
@@ -1905,3 +1906,279 @@ def test_cli_diagnose_on_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkey
     line = cli_error(["diagnose", run, "--device", "cuda", "--out", str(tmp_path / "out")], capsys)
     assert "device 'cuda' is not available" in line and "available here: cpu" in line, line
     assert not (tmp_path / "out").exists()
+# --- issue 20: output ownership and leftovers ------------------------------------------------
+# An output folder is new, empty, or one shortcutlab wrote (its marker); anything else is
+# refused in one line naming the folder and its first foreign file, and the foreign file is
+# left as it was. A killed run's temporaries are removed by the next run on the same --out.
+import os as _os  # noqa: E402
+import subprocess as _subprocess  # noqa: E402
+import sys as _sys  # noqa: E402
+
+from shortcutlab.io import MARKER as _MARKER  # noqa: E402
+
+_SYNTH_SMALL = ["--fields-per-class", "1", "--crop-size", "16", "--field-size", "64"]
+
+
+def _precious(folder, name="precious.txt", text="the user's own notes"):
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(text)
+    return folder / name
+
+
+def _dead_pid() -> int:
+    p = _subprocess.Popen([_sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _temp_dir(parent, name, pid, rand="abcd1234", suffix="tmp"):
+    d = parent / f".{name}.p{pid}.{rand}.{suffix}"
+    d.mkdir()
+    (d / "half.png").write_bytes(b"half a crop")
+    return d
+
+
+def test_report_cli_never_deletes_a_foreign_file(tmp_path, capsys):
+    d = _report_sweep(tmp_path, predictions_parquet=b"")
+    _predictions().to_parquet(_os.path.join(d, "predictions.parquet"), index=False)
+    out = tmp_path / "D"
+    args = ["report", d, "--out", str(out), "--n-boot", "10", "--no-examples"]
+    from shortcutlab.cli import main
+
+    assert main(args) == 0 and main(args) == 0  # a report re-run over its own report
+    capsys.readouterr()
+    precious = _precious(out)
+    line = cli_error(args, capsys)
+    assert "D'" in line and "'precious.txt'" in line and "did not write" in line
+    assert precious.read_text() == "the user's own notes" and (out / "report.html").is_file()
+    # the same for a report folder of an earlier version (no marker): recognised, still refused
+    _os.remove(out / _MARKER)
+    line = cli_error(args, capsys)
+    assert "'precious.txt'" in line and precious.read_text() == "the user's own notes"
+    _os.remove(precious)
+    assert main(args) == 0 and (out / _MARKER).is_file()  # an earlier report alone is replaced
+
+
+def test_synth_cli_never_deletes_a_foreign_file(tmp_path, capsys):
+    out = tmp_path / "D"
+    precious = _precious(out)
+    (out / "synth.json").write_text("{}")
+    line = cli_error(["synth", *_SYNTH_SMALL, "--out", str(out)], capsys)
+    assert line.startswith("shortcutlab synth: error: output folder ") and "D'" in line and "'precious.txt'" in line
+    assert sorted(_os.listdir(out)) == ["precious.txt", "synth.json"] and precious.read_text() == "the user's own notes"
+    # a synth.json that is not a benchmark's does not make the folder a benchmark's
+    _os.remove(precious)
+    line = cli_error(["synth", *_SYNTH_SMALL, "--out", str(out)], capsys)
+    assert "'synth.json'" in line and (out / "synth.json").read_text() == "{}"
+
+
+def test_synth_cli_rewrites_its_own_folder_and_an_earlier_versions(tmp_path, capsys):
+    from shortcutlab.cli import main
+
+    out = tmp_path / "D"
+    assert main(["synth", *_SYNTH_SMALL, "--fields-per-class", "3", "--out", str(out)]) == 0  # more crops than the next
+    _os.remove(out / _MARKER)  # as written before markers existed
+    assert main(["synth", *_SYNTH_SMALL, "--seed", "1", "--out", str(out)]) == 0
+    # the earlier benchmark's crops are all gone: one crop per row of the new manifest
+    assert sorted(_os.listdir(out / "crops")) == sorted(f"{i}.png" for i in _pd.read_csv(out / "manifest.csv", dtype=str)["id"])
+    assert (out / _MARKER).is_file()
+    (out / "crops" / "mine.png").write_bytes(b"not the tool's")  # a foreign file deep inside is found too
+    capsys.readouterr()
+    line = cli_error(["synth", *_SYNTH_SMALL, "--out", str(out)], capsys)
+    assert "'crops/mine.png'" in line and (out / "crops" / "mine.png").read_bytes() == b"not the tool's"
+
+
+def test_sweep_cli_never_overwrites_a_foreign_file(tmp_path, capsys):
+    out = tmp_path / "D"
+    _precious(out, "predictions.csv", "my,predictions\n")
+    _precious(out, "sweep.json", '{"mine": true}')
+    line = cli_error(["sweep", _sweep_config(tmp_path, _SWEEP_YAML), "--out", str(out)], capsys)
+    assert line.startswith("shortcutlab sweep: error: output folder ") and "'predictions.csv'" in line
+    assert sorted(_os.listdir(out)) == ["predictions.csv", "sweep.json"]  # no marker, no lock, no task
+    assert (out / "predictions.csv").read_text() == "my,predictions\n" and (out / "sweep.json").read_text() == '{"mine": true}'
+
+
+def test_a_sweep_folder_is_marked_before_any_task_and_stays_claimable(tmp_path):
+    from shortcutlab.io import read_marker
+    from shortcutlab.sweep.runner import claim_sweep_dir
+
+    out = tmp_path / "S"
+    claim_sweep_dir(str(out))  # what run_sweep does before the lock and the first task
+    assert read_marker(out)["kind"] == "sweep" and _os.listdir(out) == [_MARKER]
+    (out / "tasks" / "train" / "abc").mkdir(parents=True)  # a task folder, and a resumed sweep's tables
+    (out / "predictions.csv").write_text("x\n")
+    claim_sweep_dir(str(out))
+    # a sweep folder of an earlier version (no marker) is recognised by its sweep.json
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "sweep.json").write_text('{"config": {}, "tasks": []}')
+    (old / "results.csv").write_text("x\n")
+    claim_sweep_dir(str(old))
+    assert read_marker(old)["kind"] == "sweep"
+    # another tool's folder is refused by kind
+    with pytest.raises(OutputError, match="holds a shortcutlab sweep output, not a synth one"):
+        from shortcutlab.synth import claim_synth_dir
+
+        claim_synth_dir(str(out))
+
+
+def _train_into(tmp_path):
+    from shortcutlab.recipe import TrainConfig, train
+
+    _precious(tmp_path / "run", "run.json", '{"mine": 1}')
+    train(str(tmp_path / "missing.csv"), str(tmp_path / "split.csv"), str(tmp_path / "run"), TrainConfig(arch="test_resnet"))
+
+
+def _demo_into(tmp_path):
+    from shortcutlab.demo import DemoConfig, run_demo
+
+    _precious(tmp_path / "demo", "results.csv")
+    run_demo(str(tmp_path / "demo"), DemoConfig(progress=False, report=False))
+
+
+OWNERSHIP_CASES: list[Case] = [
+    Case("train-into-a-folder-of-other-files", _train_into, OutputError, ("run'", "'run.json'", "did not write", "new or empty")),
+    Case("demo-into-a-folder-of-other-files", _demo_into, OutputError, ("demo'", "'results.csv'", "did not write")),
+    Case("output-marker-of-another-schema", lambda t: (_precious(t / "r", _MARKER, '{"schema": "x"}'),
+                                                       __import__("shortcutlab.report.build").report.build._check_out(str(t / "r"))),
+         OutputError, ("r'", _MARKER, "cannot read")),
+]
+
+
+@pytest.mark.parametrize("case", OWNERSHIP_CASES, ids=[c.id for c in OWNERSHIP_CASES])
+def test_bad_input_output_ownership(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+    for f in tmp_path.rglob("*"):
+        if f.is_file() and f.name != "split.csv":
+            assert f.read_text() in ("the user's own notes", '{"mine": 1}', '{"schema": "x"}'), f  # untouched, nothing added
+
+
+def test_a_killed_runs_temporaries_are_removed_and_a_live_runs_kept(tmp_path, capsys):
+    from shortcutlab.cli import main
+
+    dead = _dead_pid()
+    live = _subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = _temp_dir(tmp_path, "D", dead)
+        stale_old = _temp_dir(tmp_path, "D", dead, "zz99yy88", "old")
+        running = _temp_dir(tmp_path, "D", live.pid)
+        other = _temp_dir(tmp_path, "E", dead)  # another output's: not this run's to remove
+        assert main(["synth", *_SYNTH_SMALL, "--out", str(tmp_path / "D")]) == 0
+        err = capsys.readouterr().err
+        assert not stale.exists() and not stale_old.exists() and running.exists() and other.exists()
+        assert "removed 2 stale temporaries" in err and stale.name in err
+        # a killed file write inside a sweep folder: its staged file is removed, a live one kept
+        from shortcutlab.sweep.runner import claim_sweep_dir
+
+        s = tmp_path / "S"
+        claim_sweep_dir(str(s))
+        (s / f".predictions.csv.p{dead}.abcd1234.tmp").write_text("half")
+        (s / f".predictions.csv.p{live.pid}.abcd1234.tmp").write_text("live")
+        claim_sweep_dir(str(s))
+        assert sorted(_os.listdir(s)) == [f".predictions.csv.p{live.pid}.abcd1234.tmp", _MARKER]
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_temporaries_of_an_earlier_version_are_removed_once_an_hour_old(tmp_path, capsys):
+    import time
+
+    from shortcutlab.io import LEGACY_TEMP_AGE_S, clean_stale
+
+    old, recent = tmp_path / ".D.a1b2c3d4.tmp", tmp_path / ".D.e5f6g7h8.tmp"
+    old.mkdir()
+    recent.mkdir()
+    t = time.time() - LEGACY_TEMP_AGE_S - 60
+    _os.utime(old, (t, t))
+    assert clean_stale(str(tmp_path / "D")) == [str(old)]
+    assert recent.exists() and "removed 1 stale temporary" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_synth_killed_mid_write_leaves_a_temporary_that_the_next_run_removes(tmp_path, capsys):
+    import signal
+    import time
+
+    from shortcutlab.cli import main
+
+    out = tmp_path / "D"
+    env = {**_os.environ, "PYTHONPATH": _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))}
+    proc = _subprocess.Popen([_sys.executable, "-m", "shortcutlab", "synth", "--fields-per-class", "60", "--out", str(out)],
+                             env=env, stdout=_subprocess.DEVNULL, stderr=_subprocess.DEVNULL)
+    temps = []
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        temps = [e for e in _os.listdir(tmp_path) if e.startswith(f".D.p{proc.pid}.")]
+        if temps and _os.path.isdir(tmp_path / temps[0] / "crops") and len(_os.listdir(tmp_path / temps[0] / "crops")) > 10:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert temps and (tmp_path / temps[0]).is_dir() and not out.exists(), "the synth finished before it could be killed"
+    assert main(["synth", *_SYNTH_SMALL, "--out", str(out)]) == 0
+    assert _os.listdir(tmp_path) == ["D"] and "removed 1 stale temporary" in capsys.readouterr().err
+
+
+def test_a_run_folder_with_its_diagnostics_can_be_trained_again(tmp_path):
+    from shortcutlab.io import write_marker
+    from shortcutlab.recipe import _check_out_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for f in ("model.safetensors", "logits.csv", "run.json"):
+        (run / f).write_text("x")
+    write_marker(run, "run", ["model.safetensors", "logits.csv", "run.json"])  # as train leaves it
+    (run / "diagnostics.csv").write_text("x")  # then `shortcutlab diagnose RUN`
+    _check_out_dir(str(run))
+    (run / "my_notes.md").write_text("mine")
+    with pytest.raises(OutputError, match="holds 'my_notes.md'"):
+        _check_out_dir(str(run))
+
+
+def test_siblings_cli_never_overwrites_a_foreign_file(tmp_path, capsys):
+    out = tmp_path / "sib"
+    mine = _precious(out, "siblings.csv", "my own table")
+    line = cli_error(["siblings", str(tmp_path / "train"), str(tmp_path / "test"), "--out", str(out)], capsys)
+    assert line.startswith("shortcutlab siblings: error: output folder ") and "'siblings.csv'" in line
+    assert _os.listdir(out) == ["siblings.csv"] and mine.read_text() == "my own table"
+
+
+@pytest.mark.parametrize("cmd", ["litmus", "control"])
+def test_litmus_and_control_never_overwrite_a_users_table(cmd, tmp_path, capsys):
+    out = tmp_path / "shared"
+    mine = _precious(out, f"{cmd}.csv", "my own table")
+    extra = ["--delete", "labels"] if cmd == "control" else ["--size", "4"]
+    line = cli_error([cmd, *_litmus_inputs(tmp_path), *extra, "--out", str(out), "--epochs", "1", "--quiet"], capsys)
+    assert f"shared' holds '{cmd}.csv', which shortcutlab did not write there" in line
+    assert _os.listdir(out) == [f"{cmd}.csv"] and mine.read_text() == "my own table"
+
+
+def test_diagnose_never_overwrites_a_users_table(tmp_path, capsys):
+    out = tmp_path / "elsewhere"
+    mine = _precious(out, "diagnostics.json", '{"mine": 1}')
+    run = _bare_run(tmp_path)
+    _precious(tmp_path / "run", "model.safetensors", "refused before it is read")
+    line = cli_error(["diagnose", run, "--out", str(out)], capsys)
+    assert "elsewhere' holds 'diagnostics.json'" in line and mine.read_text() == '{"mine": 1}'
+
+
+def test_a_shared_out_folder_takes_the_tables_of_several_commands(tmp_path):
+    from shortcutlab.io import claim_output_files, read_marker, register_output_files
+
+    out = tmp_path / "results"
+    _precious(out, "notes.md")  # the user's, beside the tables: left alone, not refused
+    claim_output_files(out, ["litmus.csv", "litmus.json"])
+    for f in ("litmus.csv", "litmus.json"):
+        (out / f).write_text("x")
+    register_output_files(out, ["litmus.csv", "litmus.json"])
+    claim_output_files(out, ["litmus.csv", "litmus.json"])  # a re-run replaces its own tables
+    claim_output_files(out, ["control.csv", "control.json"])
+    assert read_marker(out)["files"] == ["litmus.csv", "litmus.json"] and (out / "notes.md").is_file()
+    # tables of an earlier version (no marker) are recognised by their JSON
+    old = tmp_path / "old"
+    _precious(old, "control.json", '{"rows": []}')
+    (old / "control.csv").write_text("x")
+    from shortcutlab.cli import _json_of
+
+    claim_output_files(old, ["control.csv", "control.json"], _json_of("control.json"))

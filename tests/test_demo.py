@@ -122,13 +122,13 @@ def test_a_failed_write_leaves_complete_tables_or_none(tmp_path, monkeypatch):
         run_demo(str(tmp_path / "a"), DemoConfig(mechanisms=("color",), progress=False, report=False))
     kept = pd.read_csv(tmp_path / "a" / "results.csv")
     assert set(kept["condition"]) == {"color"} and len(kept) == 4
-    assert sorted(os.listdir(tmp_path / "a")) == ["results.csv"]
+    assert sorted(os.listdir(tmp_path / "a")) == [".shortcutlab-output.json", "results.csv"]
     # Writing effects.csv fails: neither effects.csv nor summary.json appears.
     calls.clear()
     fail_at = 3
     with pytest.raises(OSError, match="No space left"):
         run_demo(str(tmp_path / "b"), DemoConfig(mechanisms=("color",), progress=False, report=False))
-    assert sorted(os.listdir(tmp_path / "b")) == ["results.csv"]
+    assert sorted(os.listdir(tmp_path / "b")) == [".shortcutlab-output.json", "results.csv"]
     assert len(pd.read_csv(tmp_path / "b" / "results.csv")) == 8
 
 
@@ -143,7 +143,7 @@ def test_a_failed_summary_leaves_no_effects_table(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "write_json", failing_write_json)
     with pytest.raises(OSError):
         run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False, report=False))
-    assert sorted(os.listdir(tmp_path)) == ["results.csv"]
+    assert sorted(os.listdir(tmp_path)) == [".shortcutlab-output.json", "results.csv"]
 
 
 def test_the_demo_sweep_trains_exactly_what_a_direct_train_call_trains(tmp_path):

@@ -62,3 +62,34 @@ def test_unwritable_paths_are_named(tmp_path):
         check_writable(tmp_path / "file" / "out.json")
     with pytest.raises(OutputError, match="it is a folder"):
         write_json(tmp_path, {"a": 1})
+
+
+def test_a_published_file_has_the_ordinary_mode_even_if_its_writer_made_it_private(tmp_path):
+    from shortcutlab.io import atomic_path
+
+    with atomic_path(tmp_path / "w.bin") as tmp:
+        os.remove(tmp)  # as safetensors does: a new file, private
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+    (tmp_path / "plain").write_text("")
+    assert stat.S_IMODE(os.stat(tmp_path / "w.bin").st_mode) == stat.S_IMODE(os.stat(tmp_path / "plain").st_mode)
+
+
+def test_replacing_an_output_keeps_a_nested_output_and_lists_only_its_own_files(tmp_path):
+    from shortcutlab.io import MARKER, read_marker, write_marker
+
+    out = tmp_path / "rep"
+    with atomic_dir(out, "report", ["a.txt", "figs/"]) as d:
+        write_text(os.path.join(d, "a.txt"), "1")
+        os.mkdir(os.path.join(d, "figs"))
+        write_text(os.path.join(d, "figs", "f.png"), "png")
+    assert read_marker(out)["files"] == ["a.txt", "figs/f.png"]
+    nested = out / "sub"
+    nested.mkdir()
+    write_text(nested / "x.csv", "nested")
+    write_marker(nested, "sweep")  # a nested output of its own: owned, and kept on replace
+    with atomic_dir(out, "report", ["a.txt", "figs/"]) as d:
+        write_text(os.path.join(d, "a.txt"), "2")
+    assert sorted(os.listdir(out)) == [MARKER, "a.txt", "sub"]
+    assert (out / "a.txt").read_text() == "2" and (nested / "x.csv").read_text() == "nested"
+    assert sorted(os.listdir(tmp_path)) == ["rep"]  # no temporary left beside it

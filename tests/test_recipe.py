@@ -536,7 +536,11 @@ def test_a_failed_write_leaves_the_previous_run_and_no_temporary_files(tmp_path,
     run = tmp_path / "run"
     train(man, split, str(run), TrainConfig(**FAST, seed=1), progress=False)
     before = {f: (run / f).read_bytes() for f in os.listdir(run)}
-    assert set(before) == {"logits.csv", "model.safetensors", "run.json"}
+    assert set(before) == {"logits.csv", "model.safetensors", "run.json", ".shortcutlab-output.json"}
+    # every output gets the mode an ordinary open() gives (safetensors makes its file 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {f: os.stat(run / f).st_mode & 0o777 for f in before} == {f: 0o666 & ~mask for f in before}
 
     def disk_full(tensors, filename, *args, **kw):
         with open(filename, "wb") as f:

@@ -277,13 +277,19 @@ def test_rebuild_replaces_the_report_and_refuses_foreign_folders(tmp_path):
     pred = simulate_factorial(n_seeds=2, n_parents=10, crops_per_parent=2, condition="c", seed=4)
     d = _fake_sweep(tmp_path, pred)
     first = build_report(d, n_boot=50, examples=False)
-    open(os.path.join(first["dir"], "stale.txt"), "w").close()
-    again = build_report(d, n_boot=50, examples=False)
-    assert not os.path.exists(os.path.join(again["dir"], "stale.txt"))
+    again = build_report(d, n_boot=50, examples=False)  # a report replaces its own report
+    assert again["dir"] == first["dir"] and os.path.isfile(again["html"])
+    # a file the report did not write is never removed with it: the rebuild is refused
+    with open(os.path.join(first["dir"], "stale.txt"), "w") as f:
+        f.write("user notes")
+    with pytest.raises(OutputError, match="holds 'stale.txt', which shortcutlab did not write"):
+        build_report(d, n_boot=50, examples=False)
+    with open(os.path.join(first["dir"], "stale.txt")) as f:
+        assert f.read() == "user notes"
     other = tmp_path / "notes"
     other.mkdir()
     (other / "mine.txt").write_text("keep me")
-    with pytest.raises(OutputError, match="holds something other than a report"):
+    with pytest.raises(OutputError, match="notes' holds 'mine.txt', which shortcutlab did not write"):
         build_report(d, str(other), n_boot=50)
     assert (other / "mine.txt").read_text() == "keep me"
 

@@ -119,7 +119,7 @@ def test_same_seed_gives_byte_identical_files(written, tmp_path):
     data, paths = written
     again = write_synth(synthesize(SynthConfig(**SMALL)), tmp_path / "again")
     a, b = _files(paths["out_dir"]), _files(again["out_dir"])
-    assert set(a) == set(b) and len(a) == 3 * len(data) + 3  # crop, mask, all-cells mask per crop; 3 files
+    assert set(a) == set(b) and len(a) == 3 * len(data) + 4  # crop, mask, all-cells mask per crop; 3 files and the output marker
     assert all(a[k] == b[k] for k in a)
     doc = json.loads(a["synth.json"])
     assert not {"time", "date", "created", "timestamp"} & set(doc)
@@ -459,8 +459,11 @@ def test_write_replaces_an_earlier_benchmark_and_refuses_other_folders(tmp_path)
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    with pytest.raises(SynthError, match="not empty"):
+    from shortcutlab.io import OutputError
+
+    with pytest.raises(OutputError, match="holds 'notes.txt', which shortcutlab did not write"):
         write_synth(d, other)
+    assert os.listdir(other) == ["notes.txt"] and (other / "notes.txt").read_text() == "mine"
     with pytest.raises(SynthError, match="is a file"):
         write_synth(d, other / "notes.txt")
     with pytest.raises(SynthError, match="does not exist"):
@@ -505,7 +508,7 @@ def test_a_rewrite_leaves_no_file_of_the_earlier_benchmark(tmp_path):
     write_synth(d, out)
     # A cells.csv (or all-cells masks) of the earlier benchmark would describe crops the new
     # manifest does not have.
-    assert sorted(os.listdir(out)) == ["crops", "manifest.csv", "masks", "synth.json"]
+    assert sorted(os.listdir(out)) == [".shortcutlab-output.json", "crops", "manifest.csv", "masks", "synth.json"]
     assert list(pd.read_csv(out / "manifest.csv").columns) == ["id", "path", "mask", "label", "parent", "x", "y", "w", "h"]
     assert load_synth(out).all_cells is None
     assert sorted(os.listdir(out / "crops")) == sorted(i + ".png" for i in d.table["id"])

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from ..io import OutputError, atomic_dir
+from ..io import OutputError, atomic_dir, claim_output_dir
 from . import readings as rd
 from .figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
 from .folder import ReportError, SweepFolder
@@ -135,12 +135,24 @@ def _slopes(pairs: pd.DataFrame, n_boot: int, seed: int, level: float) -> pd.Dat
                              n_boot=n_boot, level=level, seed=seed)
 
 
+#: what `build_report` writes in its folder (``name/``: a folder it owns whole)
+REPORT_FILES = ("report.html", "report.md", "estimates.csv", "validity.csv", "figures/")
+
+
+def _is_legacy_report(out: str) -> bool:
+    """A report folder written before output markers: its report.html is one of ours."""
+    try:
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as f:
+            head = f.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return f"<title>{TITLE}</title>" in head
+
+
 def _check_out(out: str) -> None:
     if os.path.exists(out) and not os.path.isdir(out):
         raise OutputError(f"--out {out!r} is a file; give a folder for the report")
-    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "report.html")):
-        raise OutputError(f"--out {out!r} is a folder that holds something other than a report; the report replaces "
-                          f"its folder whole, so give a new folder or an earlier report's")
+    claim_output_dir(out, "report", REPORT_FILES, _is_legacy_report)
 
 
 def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = None, *, n_boot: int = 2000, seed: int = 0,
@@ -163,7 +175,8 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
 
     Raises:
         ReportError: the folder is missing, has no predictions, or a table is corrupt.
-        OutputError: `out` is a file, or a folder holding something other than a report.
+        OutputError: `out` is a file, or a folder holding a file shortcutlab did not write as
+            a report (`io.claim_output_dir`).
     """
     from ..stats import estimates
 
@@ -209,7 +222,7 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
     md_text = to_markdown(TITLE, intro, sections, caught)
     paths = {"dir": out, "html": os.path.join(out, "report.html"), "markdown": os.path.join(out, "report.md"),
              "estimates": os.path.join(out, "estimates.csv"), "validity": os.path.join(out, "validity.csv"), "figures": []}
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "report", REPORT_FILES, _is_legacy_report) as tmp:
         os.makedirs(os.path.join(tmp, "figures"))
         for s in sections:
             if s.png is not None:

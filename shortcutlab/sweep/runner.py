@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ShortcutlabError
-from ..io import atomic_files, check_writable, write_json
+from ..io import atomic_files, check_writable, claim_output_dir, write_json, write_marker
 from ..paths import wrong_kind
 from .config import SweepConfig, load_config
 from .executors import Executor, LocalExecutor
@@ -74,6 +74,37 @@ def _lock(out_dir: str):
         yield
     finally:
         os.close(fd)
+
+
+#: what a sweep writes in its folder (``name/``: a folder it owns whole); ``report/`` is the
+#: default folder of its report
+SWEEP_FILES = ("sweep.json", ".sweep.lock", "tasks/", "predictions.parquet", "predictions.csv", "results.parquet",
+               "results.csv", "splits.json", "report/")
+
+
+def _is_legacy_sweep(out_dir: str) -> bool:
+    """A sweep folder written before output markers: its sweep.json is a sweep's (or it holds
+    only the lock of a sweep killed before it wrote one)."""
+    import json
+
+    path = os.path.join(out_dir, "sweep.json")
+    if not os.path.exists(path):
+        return os.listdir(out_dir) == [".sweep.lock"]
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and isinstance(d.get("config"), dict) and isinstance(d.get("tasks"), list)
+
+
+def claim_sweep_dir(out_dir: str) -> None:
+    """Refuse a folder holding files that no sweep wrote (`io.claim_output_dir`), and mark a
+    new (or earlier, unmarked) sweep folder as one before anything else is written there, so
+    that a sweep killed at any point can resume."""
+    claim_output_dir(out_dir, "sweep", SWEEP_FILES, _is_legacy_sweep)
+    os.makedirs(out_dir, exist_ok=True)
+    write_marker(out_dir, "sweep", SWEEP_FILES)
 
 
 def _clean_temporaries(out_dir: str) -> int:
@@ -150,6 +181,7 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
 
     Raises:
         SweepConfigError: a bad config (before anything is written).
+        OutputError: `out_dir` holds a file that no sweep wrote (before anything is written).
         TaskFailed: a task failed (the finished ones are kept; start again to resume).
     """
     from tqdm.auto import tqdm
@@ -170,6 +202,7 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise SweepError(f"sweep folder {out_dir!r} is a file; choose a folder")
     check_writable(os.path.join(out_dir, "sweep.json"))
+    claim_sweep_dir(out_dir)
     executor = executor or LocalExecutor(workers=1)
     with _lock(out_dir):
         _clean_temporaries(out_dir)
