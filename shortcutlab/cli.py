@@ -587,6 +587,8 @@ def cmd_diagnose(args) -> int:
     out_dir = args.out or args.run
     if not args.arch:
         read_record(args.run)  # a folder that is no run is named before anything is created
+    # a user's table where ours would go is named before any work (this reads, creates nothing)
+    claim_output_files(out_dir, ("diagnostics.csv", "diagnostics.json"), _json_of("diagnostics.json"))
     if args.arch:
         from .adapter import create_model, wrap
 
@@ -600,7 +602,6 @@ def cmd_diagnose(args) -> int:
         run = load_run(args.run, device=args.device)
     # the model is built first: weights that cannot be loaded are named before --out is made
     _check_output_files(None, [("--out", os.path.join(out_dir, "diagnostics.csv")), ("--out", os.path.join(out_dir, "diagnostics.json"))])
-    claim_output_files(out_dir, ("diagnostics.csv", "diagnostics.json"), _json_of("diagnostics.json"))
     crops, split, side = load_run_data(run, args.manifest, args.split, args.cell)
     targets = probes.unseen_field_targets_for(crops, split, seed=args.seed) if args.unseen_field_targets else None
     preprocess = None
