@@ -1232,30 +1232,53 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
     for p in (jpath, mpath):
         if not os.path.isfile(p):
             raise SynthError(f"{p!r} {wrong_kind(p, 'file')}; is {out!r} a folder written by write_synth / shortcutlab synth?")
-    with open(jpath) as fh:
-        doc = json.load(fh)
-    if doc.get("format") != FORMAT:
-        raise SynthError(f"{jpath!r} is not a shortcutlab synthetic benchmark (format {doc.get('format')!r})")
-    config = SynthConfig.from_dict(doc["config"])
-    man = pd.read_csv(mpath, dtype={"id": str, "label": str, "parent": str, "path": str, "mask": str, ALL_CELLS_COLUMN: str},
-                      keep_default_na=False)
+    try:
+        with open(jpath, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SynthError(f"{jpath!r} is not valid JSON ({' '.join(str(e).split())}); is {out!r} a folder written by write_synth?") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise SynthError(f"{jpath!r} is not a shortcutlab synthetic benchmark (format {found!r}, expected {FORMAT!r})")
+    for key, kind in (("config", dict), ("fields", list)):
+        if not isinstance(doc.get(key), kind):
+            raise SynthError(f"{jpath!r}: {key!r} is {type(doc.get(key)).__name__}, expected a JSON "
+                             f"{'object' if kind is dict else 'list'}; the file is damaged, write the benchmark again")
+    try:
+        config = SynthConfig.from_dict(doc["config"])
+    except (TypeError, ValueError) as e:
+        raise SynthError(f"{jpath!r}: its config does not load ({' '.join(str(e).split())})") from None
+    try:
+        man = pd.read_csv(mpath, dtype={"id": str, "label": str, "parent": str, "path": str, "mask": str, ALL_CELLS_COLUMN: str},
+                          keep_default_na=False)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise SynthError(f"{mpath!r} is not a readable CSV ({' '.join(str(e).split())})") from None
+    missing = [col for col in ("id", "path", "mask", "label", "parent", "x", "y", "w", "h") if col not in man.columns]
+    if missing:
+        raise SynthError(f"{mpath!r} lacks column(s) {', '.join(missing)}; columns are: {', '.join(map(str, man.columns))}")
     has_all = ALL_CELLS_COLUMN in man.columns
     c = config.crop_size
 
     def at(col: str, i: int) -> str:  # the manifest is a record: its files stay inside the benchmark folder
         return inside(out, man[col].iat[i], f"{mpath}: row {i} ({col})", SynthError)
 
+    def load(col: str, i: int, mode: str) -> np.ndarray:
+        path = at(col, i)
+        try:
+            with Image.open(path) as im:
+                return np.asarray(im.convert(mode))
+        except (OSError, ValueError) as e:  # missing, a folder, not an image, truncated
+            raise SynthError(f"{mpath}: row {i} ({col}) {path!r} cannot be read as an image "
+                             f"({' '.join(str(e).split()) or type(e).__name__})") from None
+
     def read(i: int):
-        with Image.open(at("path", i)) as im:
-            img = np.asarray(im.convert("RGB"))
-        with Image.open(at("mask", i)) as im:
-            msk = np.asarray(im.convert("L")) > 127
+        img = load("path", i, "RGB")
+        msk = load("mask", i, "L") > 127
         if img.shape != (c, c, 3) or msk.shape != (c, c):
             raise SynthError(f"crop {man['id'].iat[i]!r} is {img.shape[1]}x{img.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
         alm = None
         if has_all:
-            with Image.open(at(ALL_CELLS_COLUMN, i)) as im:
-                alm = np.asarray(im.convert("L")) > 127
+            alm = load(ALL_CELLS_COLUMN, i, "L") > 127
             if alm.shape != (c, c):
                 raise SynthError(f"all-cells mask of crop {man['id'].iat[i]!r} is {alm.shape[1]}x{alm.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
         return img, msk, alm

@@ -2182,3 +2182,54 @@ def test_a_shared_out_folder_takes_the_tables_of_several_commands(tmp_path):
     from shortcutlab.cli import _json_of
 
     claim_output_files(old, ["control.csv", "control.json"], _json_of("control.json"))
+
+
+# --- issue 20: a damaged synthetic benchmark read back (load_synth) ---------------------------
+
+
+def _damaged_synth20(tmp_path, damage):
+    """A real 16-crop benchmark, damaged by `damage(out_dir)`, then read back."""
+    from shortcutlab.synth import load_synth
+
+    out = _synth16(str(tmp_path / "bench"))["out_dir"]
+    damage(out)
+    load_synth(out)
+
+
+def _write20(name, text):
+    def damage(out):
+        with open(_os20.path.join(out, name), "w") as f:
+            f.write(text)
+    return damage
+
+
+def _drop_column20(col):
+    def damage(out):
+        man = _pd.read_csv(_os20.path.join(out, "manifest.csv"), dtype=str, keep_default_na=False)
+        man.drop(columns=[col]).to_csv(_os20.path.join(out, "manifest.csv"), index=False)
+    return damage
+
+
+def _crop_not_image20(out):
+    man = _pd.read_csv(_os20.path.join(out, "manifest.csv"), dtype=str, keep_default_na=False)
+    with open(_os20.path.join(out, man.loc[2, "path"]), "wb") as f:
+        f.write(b"not a png")
+
+
+DAMAGED_SYNTH_CASES = [
+    Case("synth-json-not-json", lambda p: _damaged_synth20(p, _write20("synth.json", "{ not json")), SynthError,
+         ("synth.json", "not valid JSON")),
+    Case("synth-json-a-list", lambda p: _damaged_synth20(p, _write20("synth.json", "[1, 2]")), SynthError,
+         ("synth.json", "list", "not a shortcutlab synthetic benchmark")),
+    Case("synth-manifest-empty", lambda p: _damaged_synth20(p, _write20("manifest.csv", "")), SynthError,
+         ("manifest.csv", "not a readable CSV")),
+    Case("synth-manifest-lacks-parent", lambda p: _damaged_synth20(p, _drop_column20("parent")), SynthError,
+         ("manifest.csv", "lacks column(s) parent")),
+    Case("synth-crop-not-an-image", lambda p: _damaged_synth20(p, _crop_not_image20), SynthError,
+         ("manifest.csv", "row 2 (path)", "cannot be read as an image")),
+]
+
+
+@pytest.mark.parametrize("case", DAMAGED_SYNTH_CASES, ids=[c.id for c in DAMAGED_SYNTH_CASES])
+def test_bad_input_damaged_synth(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
