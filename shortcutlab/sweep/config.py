@@ -857,6 +857,9 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
         explicit = False
     else:
         ck.typed("interventions.names", names, (list,), "a list of intervention names, or 'all'")
+        if not names:
+            raise ck.error("interventions.names", "an empty list names no intervention; write `interventions: none` to "
+                           "score only the unaltered crops, or list names (or 'all')")
         explicit = True
     out = []
     for i, n in enumerate(names):
