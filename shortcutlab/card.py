@@ -107,7 +107,7 @@ def reporting_card(result: dict) -> str:
     split = r.get("split")
     if split is None:
         lines += ["", "## Split", "- No split given: audit one with `--split MANIFEST.csv`."]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + _warning_lines(r)) + "\n"
 
     params = dict(split.get("params") or {})
     protocol = split.get("protocol", "external")
@@ -152,4 +152,13 @@ def reporting_card(result: dict) -> str:
             lines.append(f"- Groups (patients) on more than one side: {m.get('groups_crossing')}")
         if m.get("n_unassigned") and (name or m["n_unassigned"] != n_unassigned):
             lines.append(f"- Crops in the table but not in this split: {m['n_unassigned']:,}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _warning_lines(r)) + "\n"
+
+
+def _warning_lines(r: dict) -> list[str]:
+    """The audit's degenerate cases (one class, a side without crops), escaped: they quote labels."""
+    from .report.render import md_escape
+
+    if not r.get("warnings"):
+        return []
+    return ["", "## Warnings", ""] + [f"- {md_escape(w)}" for w in r["warnings"]]

@@ -140,7 +140,8 @@ def _print_audit(result: dict) -> None:
         if sib.get("share") is not None:
             where = f" (cell {name})" if name else ""
             print(f"  pixel siblings{where}: {sib['n_with_sibling']} of {sib['n_test']} test crops ({100 * sib['share']:.2f}%) "
-                  f"within {sib['threshold']} bits of a training crop under flips/rotations")
+                  f"within {sib['threshold']} bits of a training crop under flips/rotations, confirmed by the aligned detail"
+                  + (f" ({sib['n_hash_candidates']} hash candidates)" if sib.get("n_hash_candidates", sib["n_with_sibling"]) != sib["n_with_sibling"] else ""))
     cells = {"": measured} if "parents_crossing" in measured else measured
     for name, m in cells.items():
         if not isinstance(m, dict):
@@ -373,14 +374,21 @@ def cmd_demo(args) -> int:
 
 
 def cmd_siblings(args) -> int:
-    from .siblings import run
+    from .siblings import DEFAULT_CONFIRM, SiblingError, run
 
+    if args.pairs < 0:
+        raise SiblingError(f"--pairs takes the number of pairs on the contact sheet, an integer >= 0; got {args.pairs}")
+    if args.no_confirm and args.confirm is not None:
+        raise SiblingError(f"give --confirm {args.confirm} or --no-confirm, not both")
+    confirm = None if args.no_confirm else DEFAULT_CONFIRM if args.confirm is None else args.confirm
     _check_output_folder(args.out, "--out")
     summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
-                  id=args.id, cell=args.cell, n_sheet=args.pairs)
+                  id=args.id, cell=args.cell, n_sheet=args.pairs, confirm=confirm)
     how = "" if args.threshold is not None else " (default, chosen on synthetic augmentations)"
     print(f"{summary['n_with_sibling']} of {summary['n_test']} test images ({100 * summary['share']:.2f}%) have a training sibling "
-          f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else ""))
+          f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else "")
+          + (f", confirmed by detail correlation >= {confirm}" if confirm is not None else ", unconfirmed (--no-confirm)")
+          + (f" ({summary['n_hash_siblings']} hash candidates)" if summary["n_hash_siblings"] != summary["n_with_sibling"] else ""))
     print(f"wrote {os.path.join(args.out, 'siblings.csv')}, siblings.json, contact_sheet.png ({summary['seconds']} s)")
     return 0
 
@@ -784,6 +792,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="siblings", metavar="DIR", help="folder for siblings.csv, siblings.json, contact_sheet.png (default siblings)")
     b.add_argument("--threshold", type=int, metavar="BITS", help="Hamming threshold of the 64-bit pHash (default: chosen on synthetic augmentations, 6)")
     b.add_argument("--ssim", type=float, metavar="MIN", help="confirm each sibling by the SSIM of the aligned pair (e.g. 0.7)")
+    b.add_argument("--confirm", type=float, metavar="MIN", help="a hash candidate counts when the correlation of the aligned pair's "
+                   "fine detail reaches MIN (default 0.9: flips, rotations and re-exposure pass, look-alike distinct crops do not)")
+    b.add_argument("--no-confirm", action="store_true", help="count every hash candidate (also blurred or re-compressed copies, "
+                   "and look-alike distinct crops)")
     b.add_argument("--image", default="path", help="image column of crop manifests (default path)")
     b.add_argument("--id", default="id", help="id column of crop manifests (default id)")
     b.add_argument("--cell", help="cell of a multi-cell split manifest")
