@@ -432,7 +432,15 @@ def cmd_litmus(args) -> int:
     check_size(args.size, crops)
     check_split_sides(crops, split, args.cell, "the litmus test")
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("litmus.csv", "litmus.json")])
-    res = litmus(crops, split, positions=positions, size=args.size, config=cfg, cell=args.cell, progress=not args.quiet)
+    import warnings
+
+    from .splits import SplitWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SplitWarning)  # printed below, from the result's notes
+        res = litmus(crops, split, positions=positions, size=args.size, config=cfg, cell=args.cell, progress=not args.quiet)
+    for n in res.notes:
+        print(f"warning: {n}")
     frame = res.frame()
     print(f"litmus: {cfg.arch} trained on one {res.size} x {res.size} patch of the {res.crop_size[0]} x {res.crop_size[1]} crops per position "
           f"(split {split.protocol}, sha256 {split.hash[:16]}...); chance = {res.chance_rule}")
@@ -450,7 +458,7 @@ def cmd_litmus(args) -> int:
 def cmd_control(args) -> int:
     import warnings
 
-    from .control import ControlWarning, deleted_signal_control
+    from .control import ControlWarning, deleted_signal_control, empty_masks
     from .data import load_crops
     from .io import atomic_files, to_json
     from .litmus import check_split_sides
@@ -478,7 +486,9 @@ def cmd_control(args) -> int:
     if note:
         print(note)
     crops = load_crops(table)
-    check_split_sides(crops, split, args.cell, "the deleted-signal control")
+    side = check_split_sides(crops, split, args.cell, "the deleted-signal control")
+    if args.delete == "cell":
+        empty_masks(crops, side, args.mask)  # every mask empty: refused before any output
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("control.csv", "control.json")])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ControlWarning)  # printed below, from the result's notes
