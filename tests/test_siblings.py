@@ -208,19 +208,25 @@ def test_detail_correlation_against_numpy_and_scikit_image():
     from shortcutlab.siblings import detail_correlation
 
     a, b = smooth_images(2, shape=(40, 40), seed=31)
-    grey = lambda x: x.astype(float) @ [0.299, 0.587, 0.114]  # noqa: E731
+    grey = lambda x: np.asarray(Image.fromarray(np.ascontiguousarray(x)).convert("L"), dtype=float)  # noqa: E731
 
     def reference(x, y):
+        """Correlation of Pillow's grey minus its blur (scikit-image), over the pixels with no
+        channel at 0 or 255 in either image."""
         dx = grey(x) - gaussian(grey(x), sigma=1.5, mode="reflect", preserve_range=True)
         dy = grey(y) - gaussian(grey(y), sigma=1.5, mode="reflect", preserve_range=True)
-        return np.corrcoef(dx.ravel(), dy.ravel())[0, 1]
+        keep = ((x > 0) & (x < 255) & (y > 0) & (y < 255)).all(axis=2)
+        return np.corrcoef(dx[keep], dy[keep])[0, 1]
 
-    assert detail_correlation(a, b, 0) == pytest.approx(reference(a, b), abs=0.02)
+    assert detail_correlation(a, b, 0) == pytest.approx(reference(a, b), abs=1e-9)
     # aligned by the transform: a rotated copy correlates 1; a re-exposed one nearly so
     assert detail_correlation(np.rot90(a), a, TRANSFORMS.index("rot270")) == pytest.approx(1.0)
     darker = np.round(a * 0.8).astype(np.uint8)
-    assert detail_correlation(darker, a, 0) == pytest.approx(reference(darker, a), abs=0.02)
-    assert detail_correlation(darker, a, 0) > 0.98
+    assert detail_correlation(darker, a, 0) == pytest.approx(reference(darker, a), abs=1e-9) and reference(darker, a) > 0.98
+    # brighter, a tenth to a half of the pixels clipped at 255: the clipped ones are left out
+    brighter = np.clip(np.round(a * 1.5), 0, 255).astype(np.uint8)
+    assert 0.1 < ((brighter == 255).any(axis=2)).mean() < 0.5
+    assert detail_correlation(brighter, a, 0) == pytest.approx(reference(brighter, a), abs=1e-9) and reference(brighter, a) > 0.98
     assert np.isnan(detail_correlation(np.full((40, 40, 3), 7, np.uint8), a, 0))  # a flat image has no detail
 
 
@@ -271,10 +277,10 @@ def test_cli_confirms_by_default_and_no_confirm_counts_every_candidate(tmp_path,
     assert main(["siblings", str(tmp_path / "train"), str(tmp_path / "test"), "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     s = json.loads((tmp_path / "a" / "siblings.json").read_text())
-    assert s["n_with_sibling"] == (source >= 0).sum() and s["confirm"] == 0.9 and s["same_images"] is False
-    assert f"{s['n_with_sibling']} of {len(test)} test images" in out and "confirmed by detail correlation >= 0.9" in out
+    assert s["n_with_sibling"] == (source >= 0).sum() and s["confirm"] == 0.95 and s["same_images"] is False
+    assert f"{s['n_with_sibling']} of {len(test)} test images" in out and "confirmed by detail correlation >= 0.95" in out
     rows = pd.read_csv(tmp_path / "a" / "siblings.csv")
-    assert (rows["is_sibling"] == (rows["detail_correlation"] >= 0.9)).all()
+    assert (rows["is_sibling"] == (rows["detail_correlation"] >= 0.95)).all()
     assert main(["siblings", str(tmp_path / "train"), str(tmp_path / "test"), "--out", str(tmp_path / "b"), "--no-confirm"]) == 0
     u = json.loads((tmp_path / "b" / "siblings.json").read_text())
     assert u["confirm"] is None and u["n_with_sibling"] == u["n_hash_siblings"] == s["n_hash_siblings"] > s["n_with_sibling"]
