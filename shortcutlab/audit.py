@@ -214,8 +214,8 @@ def audit(
     result["source"] = table.source
     notes = []
     if table.n_classes < 2:
-        notes.append(f"the table holds one class ({table.classes[0]!r}): a classifier has nothing to tell apart, so exposure "
-                     "matters only for what a model could memorise per parent")
+        notes.append(f"the table holds one class ({table.classes[0]!r}): there is nothing for a classifier to tell apart, "
+                     "so class shares and any accuracy on this table are degenerate")
     result["augmentation"] = augmentation
     if split is not None:
         cells = split.cells
