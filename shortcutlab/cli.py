@@ -382,8 +382,19 @@ def cmd_siblings(args) -> int:
         raise SiblingError(f"give --confirm {args.confirm} or --no-confirm, not both")
     confirm = None if args.no_confirm else DEFAULT_CONFIRM if args.confirm is None else args.confirm
     _check_output_folder(args.out, "--out")
-    summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
-                  id=args.id, cell=args.cell, n_sheet=args.pairs, confirm=confirm)
+    import warnings
+
+    from .splits import SplitWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SplitWarning)
+        summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
+                      id=args.id, cell=args.cell, n_sheet=args.pairs, confirm=confirm)
+    for w in caught:
+        if issubclass(w.category, SplitWarning):
+            print(f"warning: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     how = "" if args.threshold is not None else " (default, chosen on synthetic augmentations)"
     print(f"{summary['n_with_sibling']} of {summary['n_test']} test images ({100 * summary['share']:.2f}%) have a training sibling "
           f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else "")

@@ -1405,3 +1405,13 @@ def test_siblings_with_train_equal_to_test_warns_and_records_it(tmp_path):
         other.mkdir()
         (other / "j.png").write_bytes(_image_bytes(rng.integers(0, 256, (16, 16, 3), dtype=_np.uint8)))
         assert run(str(folder), str(other), str(tmp_path / "out2"))["same_images"] is False
+
+
+def test_cli_siblings_says_when_train_equals_test(tmp_path, capsys):
+    from shortcutlab.cli import main
+
+    folder = _sib_folder(tmp_path, n=3)
+    assert main(["siblings", folder, folder, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the training and test images are the same 3 images" in out
+    assert _pd.read_json(tmp_path / "out" / "siblings.json", typ="series")["same_images"]
