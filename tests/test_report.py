@@ -419,3 +419,14 @@ def test_labels_and_conditions_are_escaped_in_html_and_markdown(tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md
     assert r"\*x\*\|y" in md and "*x*|y" not in md.replace(r"\*x\*\|y", "")
     assert any(c.strip() == r"\*x\*\|y $\\frac$" for s in split for c in s)
+
+
+def test_md_escape_by_hand():
+    from shortcutlab.report.render import md_escape
+
+    assert md_escape("<script>alert(1)</script>") == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert md_escape("*x*|y") == r"\*x\*\|y"
+    assert md_escape("a_b [c](d) `e` #f !g ~h & i") == r"a\_b \[c\](d) \`e\` \#f \!g \~h &amp; i"
+    # line starts that would open a list, a rule or a setext heading; plain dashes and numbers stay
+    assert md_escape("- x\n3. y\n---\n===\n12) z") == "\\- x\n3\\. y\n--\\-\n==\\=\n12\\) z"
+    assert md_escape("13.0 pp (95% CI -1.2 to +3.4); P1 - P2") == "13.0 pp (95% CI -1.2 to +3.4); P1 - P2"

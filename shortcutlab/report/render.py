@@ -32,7 +32,7 @@ def _html_table(frame: pd.DataFrame) -> str:
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~#!])")
-_MD_LINE_START = re.compile(r"^(\s*)([-+=]|\d+[.)])(?=\s|$)", re.MULTILINE)
+_MD_LINE_START = re.compile(r"^(\s*)([-+=]+|\d+[.)])(?=\s|$)", re.MULTILINE)
 
 
 def md_escape(text) -> str:
@@ -46,7 +46,7 @@ def md_escape(text) -> str:
     """
     s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     s = _MD_SPECIAL.sub(r"\\\1", s)
-    # "- x" gets a backslash before "-", "3. x" one before "." (as CommonMark escapes them)
+    # a list, rule or underline start gets a backslash before its last mark: "\- x", "3\. x", "--\-"
     return _MD_LINE_START.sub(lambda m: m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], s)
 
 
