@@ -121,8 +121,9 @@ construction), or no augmentation."""
 def pixel_sibling_shares(table: CropTable, split: SplitManifest, cell: str | None = None, threshold: int | None = None,
                          root: str | None = None) -> dict:
     """Reference 002's sibling check on a split's images: per cell, the share of test crops
-    whose nearest training crop lies within `threshold` bits of the 64-bit pHash under the
-    eight flips and right-angle rotations (`shortcutlab.siblings`).
+    with a training crop within `threshold` bits of the 64-bit pHash under the eight flips and
+    right-angle rotations whose aligned detail correlates >= `siblings.DEFAULT_CONFIRM`
+    (`shortcutlab.siblings`; the hash alone links look-alike distinct crops).
 
     Args:
         table: a table with an image column (paths relative to the table's folder or `root`).
@@ -133,12 +134,13 @@ def pixel_sibling_shares(table: CropTable, split: SplitManifest, cell: str | Non
 
     Returns:
         {cell name ('' for a one-cell manifest): {"share", "n_test", "n_with_sibling",
-        "threshold"}}; a cell without a training or test side gets share None.
+        "threshold", "confirm", "n_hash_candidates" (test crops with a hash candidate,
+        confirmed or not)}}; a cell without a training or test side gets share None.
     """
     import os
 
     from .errors import TableError
-    from .siblings import DEFAULT_THRESHOLD, ImageSet, check_threshold, hash_image_set, search_hashes
+    from .siblings import DEFAULT_CONFIRM, DEFAULT_THRESHOLD, ImageSet, check_threshold, hash_image_set, search_confirmed
 
     if not table.has_images:
         raise TableError("the pixel-sibling share needs the crops' images: give the table an image column (--image COL)")
@@ -146,7 +148,8 @@ def pixel_sibling_shares(table: CropTable, split: SplitManifest, cell: str | Non
     if root is None:
         root = os.path.dirname(os.path.abspath(table.source)) if os.path.exists(str(table.source)) else os.getcwd()
     paths = [p if os.path.isabs(p) else os.path.join(root, p) for p in table.frame["image"].tolist()]
-    variants = hash_image_set(ImageSet(list(table.ids), paths, str(table.source)), variants=True)  # column 0: the image itself
+    images = ImageSet(list(table.ids), paths, str(table.source))
+    variants = hash_image_set(images, variants=True)  # column 0: the image itself
     cells = [cell] if cell is not None or len(split.cells) == 1 else list(split.cells)
     out = {}
     for c in cells:
@@ -156,8 +159,10 @@ def pixel_sibling_shares(table: CropTable, split: SplitManifest, cell: str | Non
         if len(train) == 0 or len(test) == 0:
             out[name] = {"share": None, "n_test": int(len(test)), "n_with_sibling": 0, "threshold": t}
             continue
-        res = search_hashes(variants[train, 0], variants[test], t)
-        out[name] = {"share": round(res.share, 6), "n_test": int(len(test)), "n_with_sibling": int(res.is_sibling.sum()), "threshold": t}
+        res = search_confirmed(variants[train, 0], variants[test], t, lambda i: images.read(int(test[i])),
+                               lambda j: images.read(int(train[j])), DEFAULT_CONFIRM)
+        out[name] = {"share": round(res.share, 6), "n_test": int(len(test)), "n_with_sibling": int(res.is_sibling.sum()), "threshold": t,
+                     "confirm": DEFAULT_CONFIRM, "n_hash_candidates": int((res.n_siblings > 0).sum())}
     return out
 
 
@@ -190,19 +195,27 @@ def audit(
         crops outside that cell) and ``split`` (protocol, params, hash, and ``n_unassigned``:
         the table's crops in no row of the manifest, over all cells), ``augmentation``
         (the declaration or None) and, when measured, ``pixel_siblings`` (per cell, see
-        `pixel_sibling_shares`).
+        `pixel_sibling_shares`); ``warnings``: the degenerate cases below, one line each.
 
     Warns:
         UserWarning: the manifest leaves crops of the table out (except a factorial design,
             whose cells train on a subset by construction); the count is in
             ``result["split"]["n_unassigned"]``.
+        SplitWarning: the table holds one class; the split (a cell) has no training or no
+            test crops (also listed in ``result["warnings"]``).
     """
     from .errors import ShortcutlabError
 
     if augmentation is not None and augmentation not in AUGMENTATION_ORDERS:
         raise ShortcutlabError(f"augmentation order must be one of {', '.join(AUGMENTATION_ORDERS)}; got {augmentation!r}")
+    from .splits import SplitWarning
+
     result = summarize(table, test_fraction).to_dict()
     result["source"] = table.source
+    notes = []
+    if table.n_classes < 2:
+        notes.append(f"the table holds one class ({table.classes[0]!r}): there is nothing for a classifier to tell apart, "
+                     "so class shares and any accuracy on this table are degenerate")
     result["augmentation"] = augmentation
     if split is not None:
         cells = split.cells
@@ -225,6 +238,15 @@ def audit(
                 UserWarning,
                 stacklevel=2,
             )
+        cells_measured = {"": result["measured"]} if "parents_crossing" in result["measured"] else result["measured"]
+        for c, m in cells_measured.items():
+            where = f" (cell {c!r})" if c else ""
+            for side in ("train", "test"):
+                if side not in m:
+                    notes.append(f"the split{where} has no {side} crops: {'nothing is held out, so no test figure is measured' if side == 'test' else 'no test crop can have a training sibling'}")
         if pixel_siblings or (pixel_siblings is None and table.has_images):
             result["pixel_siblings"] = pixel_sibling_shares(table, split, cell)
+    for n in notes:
+        warnings.warn(n, SplitWarning, stacklevel=2)
+    result["warnings"] = notes
     return result

@@ -66,7 +66,7 @@ def _reference_002_items(r: dict) -> list[str]:
         lines.append(f"- Pixel-sibling share: not measured ({why})")
     else:
         for name, s in sib.items():
-            where = f" (cell `{name}`)" if name else ""
+            where = f" (cell {_code(name)})" if name else ""
             if s.get("share") is None:
                 lines.append(f"- Pixel-sibling share{where}: not measured (the split has no training or no test crops)")
                 continue
@@ -90,7 +90,7 @@ def reporting_card(result: dict) -> str:
     lines = [
         "# Evaluation reporting card",
         "",
-        f"Table: `{r.get('source', '?')}`",
+        f"Table: {_code(r.get('source', '?'))}",
         "",
         *_reference_002_items(r),
         "",
@@ -107,7 +107,7 @@ def reporting_card(result: dict) -> str:
     split = r.get("split")
     if split is None:
         lines += ["", "## Split", "- No split given: audit one with `--split MANIFEST.csv`."]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + _warning_lines(r)) + "\n"
 
     params = dict(split.get("params") or {})
     protocol = split.get("protocol", "external")
@@ -135,7 +135,7 @@ def reporting_card(result: dict) -> str:
     measured = r.get("measured") or {}
     cells = measured if "train" not in measured and measured and all(isinstance(v, dict) and "train" in v for v in measured.values()) else {"": measured}
     for name, m in cells.items():
-        head = f"### Cell `{name}`" if name else "### Measured on this split"
+        head = f"### Cell {_code(name)}" if name else "### Measured on this split"
         lines += ["", head, "", "| side | crops | parents | groups | with a training sibling | with an overlapping training sibling |", "|---|---|---|---|---|---|"]
         for side in ("train", "val", "test"):
             s = m.get(side)
@@ -152,4 +152,24 @@ def reporting_card(result: dict) -> str:
             lines.append(f"- Groups (patients) on more than one side: {m.get('groups_crossing')}")
         if m.get("n_unassigned") and (name or m["n_unassigned"] != n_unassigned):
             lines.append(f"- Crops in the table but not in this split: {m['n_unassigned']:,}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _warning_lines(r)) + "\n"
+
+
+def _code(text) -> str:
+    """A Markdown code span holding `text` as typed (a cell name or path from the user's data):
+    the fence is one backtick longer than any run inside it, so the text cannot close it."""
+    import re
+
+    t = " ".join(str(text).splitlines())
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", t)), default=0) + 1)
+    pad = " " if t.startswith("`") or t.endswith("`") else ""
+    return f"{fence}{pad}{t}{pad}{fence}"
+
+
+def _warning_lines(r: dict) -> list[str]:
+    """The audit's degenerate cases (one class, a side without crops), escaped: they quote labels."""
+    from .report.render import md_escape
+
+    if not r.get("warnings"):
+        return []
+    return ["", "## Warnings", ""] + [f"- {md_escape(w)}" for w in r["warnings"]]

@@ -157,7 +157,8 @@ def _print_audit(result: dict) -> None:
         if sib.get("share") is not None:
             where = f" (cell {name})" if name else ""
             print(f"  pixel siblings{where}: {sib['n_with_sibling']} of {sib['n_test']} test crops ({100 * sib['share']:.2f}%) "
-                  f"within {sib['threshold']} bits of a training crop under flips/rotations")
+                  f"within {sib['threshold']} bits of a training crop under flips/rotations, confirmed by the aligned detail"
+                  + (f" ({sib['n_hash_candidates']} hash candidates)" if sib.get("n_hash_candidates", sib["n_with_sibling"]) != sib["n_with_sibling"] else ""))
     cells = {"": measured} if "parents_crossing" in measured else measured
     for name, m in cells.items():
         if not isinstance(m, dict):
@@ -407,16 +408,34 @@ def _is_legacy_siblings(out: str) -> bool:
 
 def cmd_siblings(args) -> int:
     from .io import claim_output_dir, write_marker
-    from .siblings import run
+    from .siblings import DEFAULT_CONFIRM, SiblingError, run
 
+    if args.pairs < 0:
+        raise SiblingError(f"--pairs takes the number of pairs on the contact sheet, an integer >= 0; got {args.pairs}")
+    if args.no_confirm and args.confirm is not None:
+        raise SiblingError(f"give --confirm {args.confirm} or --no-confirm, not both")
+    confirm = None if args.no_confirm else DEFAULT_CONFIRM if args.confirm is None else args.confirm
     _check_output_folder(args.out, "--out")
     claim_output_dir(args.out, "siblings", SIBLINGS_FILES, _is_legacy_siblings)
-    summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
-                  id=args.id, cell=args.cell, n_sheet=args.pairs)
+    import warnings
+
+    from .splits import SplitWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SplitWarning)
+        summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
+                      id=args.id, cell=args.cell, n_sheet=args.pairs, confirm=confirm)
     write_marker(args.out, "siblings", SIBLINGS_FILES)
+    for w in caught:
+        if issubclass(w.category, SplitWarning):
+            print(f"warning: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     how = "" if args.threshold is not None else " (default, chosen on synthetic augmentations)"
     print(f"{summary['n_with_sibling']} of {summary['n_test']} test images ({100 * summary['share']:.2f}%) have a training sibling "
-          f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else ""))
+          f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else "")
+          + (f", confirmed by detail correlation >= {confirm}" if confirm is not None else ", unconfirmed (--no-confirm)")
+          + (f" ({summary['n_hash_siblings']} hash candidates)" if summary["n_hash_siblings"] != summary["n_with_sibling"] else ""))
     print(f"wrote {os.path.join(args.out, 'siblings.csv')}, siblings.json, contact_sheet.png ({summary['seconds']} s)")
     return 0
 
@@ -461,7 +480,15 @@ def cmd_litmus(args) -> int:
     check_split_sides(crops, split, args.cell, "the litmus test")
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("litmus.csv", "litmus.json")])
     claim_output_files(args.out, ("litmus.csv", "litmus.json"), _json_of("litmus.json"))
-    res = litmus(crops, split, positions=positions, size=args.size, config=cfg, cell=args.cell, progress=not args.quiet)
+    import warnings
+
+    from .splits import SplitWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SplitWarning)  # printed below, from the result's notes
+        res = litmus(crops, split, positions=positions, size=args.size, config=cfg, cell=args.cell, progress=not args.quiet)
+    for n in res.notes:
+        print(f"warning: {n}")
     frame = res.frame()
     print(f"litmus: {cfg.arch} trained on one {res.size} x {res.size} patch of the {res.crop_size[0]} x {res.crop_size[1]} crops per position "
           f"(split {split.protocol}, sha256 {split.hash[:16]}...); chance = {res.chance_rule}")
@@ -480,7 +507,7 @@ def cmd_litmus(args) -> int:
 def cmd_control(args) -> int:
     import warnings
 
-    from .control import ControlWarning, deleted_signal_control
+    from .control import ControlWarning, deleted_signal_control, empty_masks
     from .data import load_crops
     from .io import atomic_files, to_json
     from .litmus import check_split_sides
@@ -508,7 +535,9 @@ def cmd_control(args) -> int:
     if note:
         print(note)
     crops = load_crops(table)
-    check_split_sides(crops, split, args.cell, "the deleted-signal control")
+    side = check_split_sides(crops, split, args.cell, "the deleted-signal control")
+    if args.delete == "cell":
+        empty_masks(crops, side, args.mask)  # every mask empty: refused before any output
     _check_output_files(args.manifest, [("--out", os.path.join(args.out, n)) for n in ("control.csv", "control.json")])
     claim_output_files(args.out, ("control.csv", "control.json"), _json_of("control.json"))
     with warnings.catch_warnings():
@@ -876,6 +905,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="siblings", metavar="DIR", help="folder for siblings.csv, siblings.json, contact_sheet.png (default siblings)")
     b.add_argument("--threshold", type=int, metavar="BITS", help="Hamming threshold of the 64-bit pHash (default: chosen on synthetic augmentations, 6)")
     b.add_argument("--ssim", type=float, metavar="MIN", help="confirm each sibling by the SSIM of the aligned pair (e.g. 0.7)")
+    b.add_argument("--confirm", type=float, metavar="MIN", help="a hash candidate counts when the correlation of the aligned pair's "
+                   "fine detail reaches MIN (default 0.95: flips, rotations and re-exposure pass, look-alike distinct crops do not)")
+    b.add_argument("--no-confirm", action="store_true", help="count every hash candidate (also blurred or re-compressed copies, "
+                   "and look-alike distinct crops)")
     b.add_argument("--image", default="path", help="image column of crop manifests (default path)")
     b.add_argument("--id", default="id", help="id column of crop manifests (default id)")
     b.add_argument("--cell", help="cell of a multi-cell split manifest")

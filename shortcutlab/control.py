@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from .data import CropImages
-from .litmus import LitmusError, TransformedCrops, check_split_sides, retrain_and_score, score_row
+from .litmus import LitmusError, TransformedCrops, check_split_sides, one_class_note, retrain_and_score, score_row
 from .manifest import SplitManifest
 from .recipe import TrainConfig
 from .table import CropTable
@@ -212,6 +212,23 @@ def reference_split(table: CropTable, split: SplitManifest, cell: str | None = N
         return make_split(table, "parent", test_fraction=float(q), seed=int(seed))
 
 
+def empty_masks(crops: CropImages, side: np.ndarray, mask_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of the split's crops, (n,) bool: their mask is empty); every mask empty is refused.
+
+    Raises:
+        LitmusError: no crop of the split has a mask pixel: deleting the cell would delete
+            nothing and the control would retrain on the unaltered crops.
+    """
+    used = np.flatnonzero(side >= 0)
+    empty = ~crops.masks[torch.from_numpy(used)].flatten(1).bool().any(dim=1).numpy()
+    if len(used) and empty.all():
+        where = f"the cell masks{f' ({mask_name})' if mask_name else ''}"
+        raise LitmusError(f"{where} are empty in all {len(used)} crops of the split: --delete cell would delete nothing "
+                          "and retrain on the unaltered crops; give a mask column that marks the cells (--mask COL), "
+                          "or use --delete labels")
+    return used, empty
+
+
 @dataclass(frozen=True)
 class ControlResult:
     """Outcome of `deleted_signal_control`: one row per split (given, parent)."""
@@ -258,16 +275,29 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
 
     Returns:
         A `ControlResult`.
+
+    Raises:
+        LitmusError: an unknown deletion or fill, a split without a training or test side,
+            ``delete="cell"`` without masks or with every mask of the split's crops empty.
+
+    Warns:
+        ControlWarning: masks that look like one centred cell per crop; some crops' masks
+            empty (counted in ``settings["n_empty_masks"]``); a training side of one class.
+            Each also goes into ``notes``.
     """
     if delete not in DELETIONS:
         raise LitmusError(f"--delete must be one of {', '.join(DELETIONS)}; got {delete!r}")
     if fill not in FILLS:
         raise LitmusError(f"--fill must be one of {', '.join(FILLS)}; got {fill!r}")
-    check_split_sides(crops, split, cell, "the deleted-signal control")
+    side = check_split_sides(crops, split, cell, "the deleted-signal control")
     if seed is None:
         s = split.params.get("seed", 0)
         seed = s if isinstance(s, int) else 0
     notes = []
+    note = one_class_note(crops, side, cell)
+    if note:
+        warnings.warn(note, ControlWarning, stacklevel=2)
+        notes.append(note)
     if delete == "cell" and masks is not None:
         want = (len(crops.images), 1, *crops.images.shape[2:])
         if not isinstance(masks, torch.Tensor) or tuple(masks.shape) != want:
@@ -279,6 +309,14 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
             raise LitmusError("--delete cell needs cell masks, but the crop manifest has no mask column (--mask COL); or use --delete labels")
         if config.mask_background:
             raise LitmusError("--delete cell cannot be combined with --mask-background: the crops would hold nothing but the fill")
+        used, empty = empty_masks(crops, side, mask_name)
+        n_empty = int(empty.sum())
+        where = f"the cell masks{f' ({mask_name})' if mask_name else ''}"
+        if n_empty:
+            msg = (f"{where} are empty in {n_empty} of the split's {len(used)} crops (e.g. {crops.table.ids[used[empty][0]]!r}): "
+                   "nothing is deleted there, so those crops keep their cells")
+            warnings.warn(msg, ControlWarning, stacklevel=2)
+            notes.append(msg)
         single = centred_single_cell_share(crops.masks)
         if single >= SINGLE_CELL_WARN_SHARE:
             msg = (f"the masks{f' ({mask_name})' if mask_name else ''} look like one centred cell per crop in {100 * single:.1f}% of crops: "
@@ -303,7 +341,8 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
     settings = {"delete": delete, "seed": seed, "cell": cell, "given_split": {"protocol": split.protocol, "params": split.params, "sha256": split.hash},
                 "reference_split": {"protocol": ref.protocol, "params": ref.params, "sha256": ref.hash}}
     if delete == "cell":
-        settings.update(fill=fill, dilate=dilate, value=config.background_fill, mask=mask_name, mask_single_centred_share=single)
+        settings.update(fill=fill, dilate=dilate, value=config.background_fill, mask=mask_name, mask_single_centred_share=single,
+                        n_empty_masks=n_empty)
     if delete == "labels":
         notes.append("labels permuted within parent: every parent's crops relabelled through that parent's own random permutation of the classes")
     return ControlResult(rows=rows, delete=delete, config=asdict(config), settings=settings, notes=notes)

@@ -100,6 +100,18 @@ def check_split_sides(crops: CropImages, split: SplitManifest, cell: str | None,
     return side
 
 
+def one_class_note(crops: CropImages, side: np.ndarray, cell: str | None) -> str | None:
+    """A line saying that the training side holds one class (a valid but degenerate retraining:
+    the model answers that class everywhere and its accuracy measures the class shares), or None."""
+    present = np.unique(crops.table.label_codes[side == 0])
+    if len(present) > 1:
+        return None
+    where = f" (cell {cell!r})" if cell else ""
+    what = "the table holds one class" if crops.table.n_classes < 2 else "the training side holds one class"
+    return (f"{what}{where} ({crops.table.classes[present[0]]!r}): a model trained on it answers that class for every crop, "
+            "so its accuracy against chance says nothing about a shortcut")
+
+
 def retrain_and_score(crops: CropImages, split: SplitManifest, config: TrainConfig, cell: str | None = None,
                       run_dir: str | None = None, progress: bool = False) -> dict:
     """Train the recipe on the training side of `split` and score its test side.
@@ -272,10 +284,22 @@ def litmus(crops: CropImages, split: SplitManifest, positions: Sequence[str] = P
     Raises:
         LitmusError: an unknown position, a size that does not fit, a split without a
             training or test side.
+
+    Warns:
+        SplitWarning: the training side holds one class (`one_class_note`, also in ``notes``).
     """
     positions = check_positions(positions)
     size = check_size(size, crops)
     side = check_split_sides(crops, split, cell, "the litmus test")
+    notes = []
+    note = one_class_note(crops, side, cell)
+    if note:
+        import warnings
+
+        from .splits import SplitWarning
+
+        warnings.warn(note, SplitWarning, stacklevel=2)
+        notes.append(note)
     coverage = patch_coverage(crops, np.flatnonzero(side >= 0), size)
     rows = []
     for position in positions:
@@ -293,4 +317,5 @@ def litmus(crops: CropImages, split: SplitManifest, positions: Sequence[str] = P
         crop_size=tuple(int(v) for v in crops.images.shape[-2:]),
         config=asdict(config),
         split={"protocol": split.protocol, "params": split.params, "sha256": split.hash, "cell": cell},
+        notes=notes,
     )

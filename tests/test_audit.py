@@ -168,3 +168,23 @@ def test_card_items_without_images_declaration_or_split(cric):
     assert "Acquisitions counted: 400 independent acquisitions (parents) behind 11,534 crops" in plain
     with pytest.raises(Exception, match="augmentation order must be one of split-then-augment"):
         audit(cric, 0.2, augmentation="sometimes")
+
+
+def test_card_quotes_cell_names_and_warnings_as_typed():
+    """A cell name holding a backtick and a tag stays inside its code span; warnings quoting a
+    label are escaped (issue 20)."""
+    import warnings
+
+    from shortcutlab import CropTable
+
+    t = CropTable.from_frame(pd.DataFrame({"id": list("abcd"), "label": ["<b>x</b>"] * 4, "parent": list("pqrs")}), id="id")
+    name = "a`b <script>"
+    split = SplitManifest(pd.DataFrame({"id": list("abcd") * 2, "split": ["train", "train", "test", "test"] * 2,
+                                        "cell": [name] * 4 + ["plain"] * 4}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        card = reporting_card(audit(t, split=split))
+    assert "### Cell ``a`b <script>``" in card and "### Cell `plain`" in card
+    warning = [line for line in card.splitlines() if "one class" in line]
+    assert warning == ["- the table holds one class ('&lt;b&gt;x&lt;/b&gt;'): there is nothing for a classifier to tell apart, "
+                       "so class shares and any accuracy on this table are degenerate"]

@@ -2237,3 +2237,159 @@ DAMAGED_SYNTH_CASES = [
 @pytest.mark.parametrize("case", DAMAGED_SYNTH_CASES, ids=[c.id for c in DAMAGED_SYNTH_CASES])
 def test_bad_input_damaged_synth(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+# --- issue 20: studies: silent answers and report escaping ------------------------------------
+import warnings as _warnings  # noqa: E402  (imports of this section, kept beside the cases that use them)
+
+from shortcutlab.litmus import LitmusError as _LitmusError  # noqa: E402
+from shortcutlab.splits import SplitWarning as _SplitWarning  # noqa: E402
+
+
+def _studies_crops(labels="xyxyxyxy", masks=None, size=16):
+    """8 crops of 8 parents (random pixels), their masks (default: a centred 6 x 6 square each)
+    and a parent split: crops 0-5 train, 6-7 test."""
+    import torch
+
+    from shortcutlab.data import CropImages
+
+    n = len(labels)
+    t = CropTable.from_frame(_pd.DataFrame({"id": [f"c{k}" for k in range(n)], "label": list(labels),
+                                            "parent": [f"p{k}" for k in range(n)]}), id="id")
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
+    if masks is None:
+        masks = torch.zeros(n, 1, size, size, dtype=torch.bool)
+        masks[:, :, 5:11, 5:11] = True
+    from shortcutlab.manifest import SplitManifest
+
+    split = SplitManifest(_pd.DataFrame({"id": t.ids, "split": ["train"] * (n - 2) + ["test"] * 2}))
+    return CropImages(images, masks, t), split
+
+
+def _studies_tiny():
+    from shortcutlab.recipe import TrainConfig
+
+    return TrainConfig(arch="test_resnet", epochs=1, batch_size=8)
+
+
+def _control_every_mask_empty(tmp_path):
+    import torch
+
+    from shortcutlab.control import deleted_signal_control
+
+    crops, split = _studies_crops(masks=torch.zeros(8, 1, 16, 16, dtype=torch.bool))
+    return deleted_signal_control(crops, split, delete="cell", config=_studies_tiny(), mask_name="mask")
+
+
+STUDIES_CASES: list[Case] = [
+    # every mask empty: nothing would be deleted, the control must not report a deletion
+    Case("control-every-mask-empty", _control_every_mask_empty, _LitmusError, ("masks (mask)", "empty in all 8 crops", "--delete labels")),
+    Case("siblings-negative-pairs-api", lambda t: __import__("shortcutlab.siblings").siblings.run(
+        _sib_folder(t), _sib_folder(t, "b"), str(t / "out"), n_sheet=-3), ShortcutlabError, ("--pairs", "-3", ">= 0")),
+    Case("siblings-confirm-out-of-range", lambda t: __import__("shortcutlab.siblings").siblings.find_siblings(
+        _np.zeros((1, 8, 8, 3), _np.uint8), _np.zeros((1, 8, 8, 3), _np.uint8), confirm=1.5), ShortcutlabError, ("--confirm", "1.5", "[-1, 1]")),
+]
+
+
+@pytest.mark.parametrize("case", STUDIES_CASES, ids=[c.id for c in STUDIES_CASES])
+def test_bad_input_studies(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def _empty_mask_inputs(tmp_path):
+    """The litmus benchmark on disk with every crop's mask column pointing at one blank PNG."""
+    manifest, split = _litmus_inputs(tmp_path)
+    (tmp_path / "bench" / "blank.png").write_bytes(_image_bytes(_np.zeros((16, 16), _np.uint8)))
+    man = _pd.read_csv(manifest)
+    man["mask"] = "blank.png"
+    man.to_csv(manifest, index=False)
+    return [manifest, split, "--delete", "cell", "--mask", "mask"]
+
+
+STUDIES_CLI_CASES = [
+    ("siblings", "siblings-negative-pairs", lambda t: [_sib_folder(t), _sib_folder(t, "b"), "--pairs", "-3"], "--pairs"),
+    ("siblings", "siblings-confirm-and-no-confirm", lambda t: [_sib_folder(t), _sib_folder(t, "b"), "--confirm", "0.5", "--no-confirm"],
+     "not both"),
+    ("control", "control-every-mask-empty", _empty_mask_inputs, "empty in all"),
+]
+
+
+@pytest.mark.parametrize("command, argv, expected", [(c[0], c[2], c[3]) for c in STUDIES_CLI_CASES], ids=[c[1] for c in STUDIES_CLI_CASES])
+def test_cli_studies_names_the_culprit(command, argv, expected, tmp_path, capsys) -> None:
+    extra = ["--epochs", "1", "--quiet"] if command == "control" else []
+    line = cli_error([command, *argv(tmp_path), "--out", str(tmp_path / "out"), *extra], capsys)
+    assert expected.lower() in line.lower(), line
+    if command == "siblings":
+        assert "-3" in line or "not both" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_control_counts_crops_with_an_empty_mask(tmp_path):
+    from shortcutlab.control import ControlWarning, deleted_signal_control
+
+    crops, split = _studies_crops()
+    crops.masks[[1, 6]] = False  # one training and one test crop without a cell
+    with pytest.warns(ControlWarning, match=r"empty in 2 of the split's 8 crops \(e\.g\. 'c1'\)"):
+        res = deleted_signal_control(crops, split, delete="cell", config=_studies_tiny(), mask_name="mask")
+    assert res.settings["n_empty_masks"] == 2
+    assert any("empty in 2 of" in n for n in res.notes)
+
+
+def test_one_class_table_warns_and_is_recorded_in_audit_litmus_and_control(tmp_path):
+    from shortcutlab.audit import audit
+    from shortcutlab.card import reporting_card
+    from shortcutlab.control import ControlWarning, deleted_signal_control
+    from shortcutlab.litmus import litmus
+
+    crops, split = _studies_crops(labels="a" * 8)
+    with pytest.warns(_SplitWarning, match="one class \\('a'\\)"):
+        r = audit(crops.table, split=split)
+    assert r["n_classes"] == 1 and len(r["warnings"]) == 1 and "## Warnings" in reporting_card(r)
+    with pytest.warns(_SplitWarning, match="the table holds one class \\('a'\\)"):
+        lit = litmus(crops, split, positions=("top_left",), size=8, config=_studies_tiny())
+    assert lit.notes and lit.rows[0]["accuracy"] == 1.0  # one class: every answer is right
+    with pytest.warns(ControlWarning, match="the table holds one class"):
+        ctl = deleted_signal_control(crops, split, delete="labels", config=_studies_tiny())
+    assert any("one class" in n for n in ctl.notes)
+
+
+def test_audit_of_an_all_train_split_warns_and_records_the_missing_test_side(tmp_path):
+    from shortcutlab.audit import audit
+    from shortcutlab.manifest import SplitManifest
+
+    crops, _ = _studies_crops()
+    split = SplitManifest(_pd.DataFrame({"id": crops.table.ids, "split": ["train"] * 8}))
+    with pytest.warns(_SplitWarning, match="has no test crops"):
+        r = audit(crops.table, split=split)
+    assert "test" not in r["measured"] and r["measured"]["train"]["n_crops"] == 8
+    assert r["warnings"] == [w for w in r["warnings"] if "no test crops" in w] and len(r["warnings"]) == 1
+
+
+def test_siblings_with_train_equal_to_test_warns_and_records_it(tmp_path):
+    from shortcutlab.siblings import run
+
+    rng = _np.random.default_rng(3)
+    folder = tmp_path / "same"
+    folder.mkdir()
+    for k in range(4):  # distinct random images: each one's only copy is itself
+        (folder / f"i{k}.png").write_bytes(_image_bytes(rng.integers(0, 256, (16, 16, 3), dtype=_np.uint8)))
+    with pytest.warns(_SplitWarning, match="the same 4 images"):
+        s = run(str(folder), str(folder), str(tmp_path / "out"))
+    assert s["same_images"] is True and s["n_with_sibling"] == 4 and s["share"] == 1.0
+    rows = _pd.read_csv(tmp_path / "out" / "siblings.csv")
+    assert (rows["test_id"] == rows["train_id"]).all()
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error", _SplitWarning)
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "j.png").write_bytes(_image_bytes(rng.integers(0, 256, (16, 16, 3), dtype=_np.uint8)))
+        assert run(str(folder), str(other), str(tmp_path / "out2"))["same_images"] is False
+
+
+def test_cli_siblings_says_when_train_equals_test(tmp_path, capsys):
+    from shortcutlab.cli import main
+
+    folder = _sib_folder(tmp_path, n=3)
+    assert main(["siblings", folder, folder, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the training and test images are the same 3 images" in out
+    assert _pd.read_json(tmp_path / "out" / "siblings.json", typ="series")["same_images"]

@@ -370,3 +370,69 @@ def test_report_loads_in_headless_chromium(simulated_report, tmp_path):
     ink = (img.min(axis=2) < 200).mean()            # share of pixels that are not near-white
     colour = (img.max(axis=2) - img.min(axis=2) > 60).mean()   # share of saturated (plotted) pixels
     assert ink > 0.02 and colour > 0.002, (ink, colour)
+
+
+# --- user strings are escaped in both report files (issue 20) -------------------------------------
+
+def test_labels_and_conditions_are_escaped_in_html_and_markdown(tmp_path):
+    """Conditions, architectures, interventions and labels holding HTML, Markdown and TeX
+    reach both files as typed text: no tag, no emphasis, no extra table cell, no mathtext."""
+    from html.parser import HTMLParser
+
+    evil, pipe, tex = "<script>alert(1)</script>", "*x*|y", r"*x*|y $\frac$"
+    base = simulate_factorial(n_seeds=2, n_parents=10, crops_per_parent=2, effect=1.0, condition=evil, seed=4)
+    pred = pd.concat([base, base.assign(intervention=pipe)], ignore_index=True)
+    pred["arch"], pred["label"] = tex, evil
+    paths = build_report(_fake_sweep(tmp_path, pred), n_boot=50, examples=False)
+    html = open(paths["html"], encoding="utf-8").read()
+    md = open(paths["markdown"], encoding="utf-8").read()
+    assert "<script" not in html.lower() and "<script" not in md.lower()
+    assert len(paths["figures"]) >= 2  # the accuracy and leak figures were drawn despite the '$'
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.tags, self.rows, self.cell = [], [], None
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag == "tr":
+                self.rows.append([])
+            if tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.rows[-1].append(self.cell)
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    parsed = Cells()
+    parsed.feed(html)
+    assert "script" not in parsed.tags
+    widths = {len(r) for r in parsed.rows}
+    assert len(widths) == 1, widths  # one table, every row as wide as its header
+    cells = {c for r in parsed.rows for c in r}
+    assert evil in cells and tex in cells and pipe in cells  # shown as typed once the entities are read
+
+    # Markdown: the validity table keeps its columns; the strings appear escaped by hand's rule
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    split = [re.split(r"(?<!\\)\|", line)[1:-1] for line in rows]
+    assert rows and len({len(s) for s in split}) == 1
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert r"\*x\*\|y" in md and "*x*|y" not in md.replace(r"\*x\*\|y", "")
+    assert any(c.strip() == r"\*x\*\|y $\\frac$" for s in split for c in s)
+
+
+def test_md_escape_by_hand():
+    from shortcutlab.report.render import md_escape
+
+    assert md_escape("<script>alert(1)</script>") == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert md_escape("*x*|y") == r"\*x\*\|y"
+    assert md_escape("a_b [c](d) `e` #f !g ~h & i") == r"a\_b \[c\](d) \`e\` \#f \!g \~h &amp; i"
+    # line starts that would open a list, a rule or a setext heading; plain dashes and numbers stay
+    assert md_escape("- x\n3. y\n---\n===\n12) z") == "\\- x\n3\\. y\n--\\-\n==\\=\n12\\) z"
+    assert md_escape("13.0 pp (95% CI -1.2 to +3.4); P1 - P2") == "13.0 pp (95% CI -1.2 to +3.4); P1 - P2"

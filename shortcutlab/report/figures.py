@@ -7,6 +7,7 @@ sentence starting "Left out because", and no figure. Figures are drawn with the 
 
 from __future__ import annotations
 
+import functools
 import io
 import textwrap
 import warnings
@@ -54,6 +55,20 @@ def _plt():
     return plt
 
 
+def _plain_text(build):
+    """Run a section builder with matplotlib's mathtext off: labels, conditions and
+    intervention names come from the user's data, and a '$' in one would be parsed as TeX (and
+    an unbalanced or invalid one would fail the whole report)."""
+    @functools.wraps(build)
+    def wrapper(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return build(*args, **kwargs)
+
+    return wrapper
+
+
 def _png(fig) -> bytes:
     plt = _plt()
     buf = io.BytesIO()
@@ -68,6 +83,7 @@ def left_out(key: str, title: str, why: str, reading: str = "") -> Section:
 
 # --- accuracy per protocol and architecture -----------------------------------------------------
 
+@_plain_text
 def accuracy_section(pred: pd.DataFrame, est: pd.DataFrame | None, baseline: str = "none") -> Section:
     key, title = "accuracy", "Accuracy per protocol and architecture"
     acc = per_model_accuracy(pred, baseline)
@@ -119,6 +135,7 @@ def _forest_rows(est: pd.DataFrame) -> pd.DataFrame:
     return rows.sort_values(["condition", "diversity", "order_i", "intervention", "order_a", "arch"]).reset_index(drop=True)
 
 
+@_plain_text
 def forest_section(est: pd.DataFrame, level: float = 0.95) -> Section:
     key, title = "leak_effect", "The leak effect per condition and intervention"
     leak = est[est["estimand"] == "leak"]
@@ -159,6 +176,7 @@ def forest_section(est: pd.DataFrame, level: float = 0.95) -> Section:
 
 # --- R before and after erasure against the gap --------------------------------------------------
 
+@_plain_text
 def dose_section(pred: pd.DataFrame, results: pd.DataFrame | None, slopes: pd.DataFrame | None, level: float = 0.95) -> Section:
     key, title = "dose_response", "Parent recoverability R before and after erasure against the leak gap"
     if results is None:
@@ -203,6 +221,7 @@ def dose_section(pred: pd.DataFrame, results: pd.DataFrame | None, slopes: pd.Da
 
 # --- Grad-CAM outside mass ------------------------------------------------------------------------
 
+@_plain_text
 def gradcam_section(results: pd.DataFrame | None) -> Section:
     key, title = "gradcam", "Grad-CAM mass outside the cell, leak and clean models"
     if results is None:
@@ -237,6 +256,7 @@ def gradcam_section(results: pd.DataFrame | None) -> Section:
 
 # --- example crops ----------------------------------------------------------------------------------
 
+@_plain_text
 def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: int = 256) -> Section:
     """Test crops of one leak model with their mask outlines, each intervention the sweep
     scored applied (or every registered one with its defaults), and Grad-CAM overlays of the

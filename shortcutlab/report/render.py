@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 
 import pandas as pd
 
@@ -30,8 +31,27 @@ def _html_table(frame: pd.DataFrame) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~#!])")
+_MD_LINE_START = re.compile(r"^(\s*)([-+=]+|\d+[.)])(?=\s|$)", re.MULTILINE)
+
+
+def md_escape(text) -> str:
+    """Plain text made inert in Markdown: every character with a Markdown meaning is
+    backslash-escaped, ``&``, ``<`` and ``>`` become HTML entities (so a label holding
+    ``<script>`` or ``*x*|y`` shows as typed and cannot open a tag, an emphasis or a table
+    cell), and a line start that would open a list or a heading is escaped.
+
+    Every string of the report is plain text (readings, titles, labels from the user's data);
+    the Markdown itself (headings, emphasis, tables) is added around the escaped text here.
+    """
+    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    s = _MD_SPECIAL.sub(r"\\\1", s)
+    # a list, rule or underline start gets a backslash before its last mark: "\- x", "3\. x", "--\-"
+    return _MD_LINE_START.sub(lambda m: m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], s)
+
+
 def _md_cell(v) -> str:
-    return str(v).replace("|", "\\|").replace("\n", " ")
+    return md_escape(" ".join(str(v).splitlines()))
 
 
 def _md_table(frame: pd.DataFrame) -> str:
@@ -44,9 +64,9 @@ def to_html(title: str, intro: list[str], sections, warnings_: list[str]) -> str
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
              f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
     parts += [f"<p>{html.escape(p)}</p>" for p in intro]
-    parts.append("<ul>" + "".join(f'<li><a href="#{s.key}">{html.escape(s.title)}</a></li>' for s in sections) + "</ul>")
+    parts.append("<ul>" + "".join(f'<li><a href="#{html.escape(s.key)}">{html.escape(s.title)}</a></li>' for s in sections) + "</ul>")
     for s in sections:
-        parts.append(f'<h2 id="{s.key}">{html.escape(s.title)}</h2>')
+        parts.append(f'<h2 id="{html.escape(s.key)}">{html.escape(s.title)}</h2>')
         if s.png is not None:
             data = base64.b64encode(s.png).decode("ascii")
             parts.append(f'<img alt="{html.escape(s.title)}" src="data:image/png;base64,{data}">')
@@ -66,23 +86,24 @@ def to_html(title: str, intro: list[str], sections, warnings_: list[str]) -> str
 
 
 def to_markdown(title: str, intro: list[str], sections, warnings_: list[str], figure_dir: str = "figures") -> str:
-    lines = [f"# {title}", ""]
+    e = md_escape
+    lines = [f"# {e(title)}", ""]
     for p in intro:
-        lines += [p, ""]
+        lines += [e(p), ""]
     for s in sections:
-        lines += [f"## {s.title}", ""]
+        lines += [f"## {e(s.title)}", ""]
         if s.png is not None:
-            lines += [f"![{s.title}]({figure_dir}/{s.key}.png)", ""]
+            lines += [f"![{e(s.title)}]({figure_dir}/{s.key}.png)", ""]
         if s.missing:
-            lines += [f"*{s.missing}*", ""]
+            lines += [f"*{e(s.missing)}*", ""]
         if s.reading:
-            lines += [f"**Reading.** {s.reading}".replace("\n", "\n\n"), ""]
+            lines += ["**Reading.** " + "\n\n".join(e(line) for line in s.reading.split("\n")), ""]
         if s.table is not None and len(s.table):
             lines += [_md_table(s.table), ""]
         for n in s.notes:
-            lines.append(f"- {n}")
+            lines.append(f"- {e(' '.join(str(n).splitlines()))}")
         if s.notes:
             lines.append("")
     if warnings_:
-        lines += ["## Warnings raised while estimating", ""] + [f"- {w}" for w in warnings_] + [""]
+        lines += ["## Warnings raised while estimating", ""] + [f"- {e(w)}" for w in warnings_] + [""]
     return "\n".join(lines)
