@@ -906,8 +906,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threshold", type=int, metavar="BITS", help="Hamming threshold of the 64-bit pHash (default: chosen on synthetic augmentations, 6)")
     b.add_argument("--ssim", type=float, metavar="MIN", help="confirm each sibling by the SSIM of the aligned pair (e.g. 0.7)")
     b.add_argument("--confirm", type=float, metavar="MIN", help="a hash candidate counts when the correlation of the aligned pair's "
-                   "fine detail reaches MIN (default 0.95: flips, rotations and re-exposure pass, look-alike distinct crops do not)")
-    b.add_argument("--no-confirm", action="store_true", help="count every hash candidate (also blurred or re-compressed copies, "
+                   "detail band reaches MIN (default 0.97: flips, rotations, re-exposure and JPEG re-encoding pass, look-alike distinct crops do not)")
+    b.add_argument("--no-confirm", action="store_true", help="count every hash candidate (also heavily blurred copies, "
                    "and look-alike distinct crops)")
     b.add_argument("--image", default="path", help="image column of crop manifests (default path)")
     b.add_argument("--id", default="id", help="id column of crop manifests (default id)")
