@@ -50,7 +50,9 @@ def _reason(e: OSError) -> str:
 
 
 def check_writable(path: str | os.PathLike) -> str:
-    """Make `path`'s folder (if missing) and check that a file can be written at `path`.
+    """Check, before any work, that a file can be written at `path`. Nothing is created: a
+    missing folder is made when the file is written (`make_folder`), so a command refused
+    later leaves no empty folder behind.
 
     Returns:
         The path as a string.
@@ -67,15 +69,21 @@ def check_writable(path: str | os.PathLike) -> str:
     probe = folder
     while probe and not os.path.exists(probe):
         probe = os.path.dirname(probe)
-    if probe and os.path.exists(probe) and not os.path.isdir(probe):
+    probe = probe or "."
+    if not os.path.isdir(probe):
         raise OutputError(f"cannot write {path!r}: {probe!r} is a file, not a folder")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot write {path!r}: cannot create folder {folder!r} ({_reason(e)})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write {path!r}: folder {folder!r} is not writable")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "folder" if probe == folder else "folder (where the missing folders would be made)"
+        raise OutputError(f"cannot write {path!r}: {what} {probe!r} is not writable")
     return path
+
+
+def make_folder(folder: str, path: str | None = None) -> None:
+    """Create `folder` (and its parents) for an output about to be written at `path`."""
+    try:
+        os.makedirs(folder or ".", exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot write {path or folder!r}: cannot create folder {folder!r} ({_reason(e)})") from None
 
 
 def _umask() -> int:
@@ -92,6 +100,7 @@ def _temp_prefix(name: str) -> str:
 
 def _temp_name(path: str) -> str:
     folder, name = os.path.split(path)
+    make_folder(folder, path)
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(name), suffix=".tmp", dir=folder or ".")
     # mkstemp makes the file private (0600); an output gets the mode an ordinary open() gives.
     os.fchmod(fd, 0o666 & ~_umask())
@@ -467,6 +476,7 @@ def atomic_dir(out_dir: str | os.PathLike, kind: str | None = None, names: Itera
         claim_output_dir(out, kind, names, legacy)
     parent = os.path.dirname(os.path.abspath(out))
     check_writable(os.path.join(parent, ".probe"))
+    make_folder(parent, out)
     name = os.path.basename(os.path.abspath(out))
     tmp = tempfile.mkdtemp(prefix=_temp_prefix(name), suffix=".tmp", dir=parent)
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private (0700)

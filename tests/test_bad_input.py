@@ -2393,3 +2393,19 @@ def test_cli_siblings_says_when_train_equals_test(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "warning: the training and test images are the same 3 images" in out
     assert _pd.read_json(tmp_path / "out" / "siblings.json", typ="series")["same_images"]
+
+
+# --- issue 20: a refused command leaves no folder behind ---------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["split", "{cric}", "--parent", "nope", "--label", "bethesda_system", "--id", "cell_id", "--protocol", "parent", "--out", "{tmp}/a/b/split.csv"],
+    ["audit", "{cric}", "--parent", "nope", "--label", "bethesda_system", "--id", "cell_id", "--json", "{tmp}/j/x.json", "--card", "{tmp}/k/c.md"],
+], ids=["split", "audit"])
+def test_a_refused_command_creates_no_output_folder(argv, tmp_path, capsys):
+    import os as _os
+
+    cric = _os.path.join(_os.path.dirname(__file__), "..", "examples", "data", "cric_classifications.csv")
+    line = cli_error([a.format(cric=cric, tmp=tmp_path) for a in argv], capsys)
+    assert "'nope'" in line
+    assert sorted(_os.listdir(tmp_path)) == []  # the missing output folders were not made
