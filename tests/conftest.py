@@ -35,3 +35,22 @@ def table_from(df: pd.DataFrame, **kw) -> CropTable:
 
 def shuffled(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     return df.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave the tests marked `slow` out of a run that selects no markers (the README's
+    `python -m pytest -q`, which must finish in minutes on 2 cores). `-m slow` runs them
+    (`.ci/run` does, as its second step), `-m "slow or not slow"` runs everything, and a test
+    named by its node id (`tests/test_x.py::test_y`) runs whatever its marks."""
+    if config.getoption("markexpr"):
+        return
+    named = tuple(a.replace(os.sep, "/") for a in config.args if "::" in a)
+
+    def left_out(item) -> bool:
+        return item.get_closest_marker("slow") is not None and not any(
+            item.nodeid == n or item.nodeid.startswith(n + "[") or item.nodeid.endswith("/" + n) for n in named)
+
+    slow = [item for item in items if left_out(item)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not left_out(item)]

@@ -1,6 +1,6 @@
 """The corner-patch litmus test: its pieces against hand computations, and the issue's pattern
-on the synthetic benchmark (planted background: crop split above chance, parent split near
-chance; `none`: both near chance)."""
+on the synthetic benchmark (planted background: crop split above chance, parent split not;
+`none`: neither above chance)."""
 
 import math
 
@@ -109,50 +109,82 @@ def test_cell_coverage_of_a_hand_made_mask():
 
 
 # ------------------------------------------------------------------------------ the issue's pattern
-def _bench(mechanism):
+def _bench(mechanism, seed=0):
     from shortcutlab.demo import _crops_from_synth
     from shortcutlab.synth import SynthConfig, synthesize
 
-    return _crops_from_synth(synthesize(SynthConfig(seed=0, fields_per_class=40, crop_size=32, field_size=128,
-                                                     mean_cells_per_field=4, mechanisms=(mechanism,))))
+    # Background at strength 2, the strength examples/validity.yaml calibrated for it: at 1 the
+    # crop split's cluster interval cleared chance by 0.10 on seed 0 and not at all on seed 1.
+    return _crops_from_synth(synthesize(SynthConfig(seed=seed, fields_per_class=40, crop_size=32, field_size=128,
+                                                     mean_cells_per_field=4, mechanisms=(mechanism,), strength=2.0)))
 
 
 CONFIG = dict(arch="test_resnet", epochs=20, lr=1e-3, batch_size=32, precise_bn=True)
 
 
-def _near_chance(r) -> bool:
-    return (not r["above_chance"]) and (r["cluster_ci_low"] <= r["chance"] <= r["cluster_ci_high"] or abs(r["accuracy"] - r["chance"]) <= 0.05)
+def _not_above_chance(r) -> bool:
+    """The litmus's own verdict, one-sided: the parent-cluster interval does not lie above
+    chance. A parent split can score below chance (0.207 against 0.333 on one machine, 0.240
+    here with seed 0): a model that maps unseen backgrounds to the labels of look-alike training
+    fields is wrong together on a field's siblings, so a few dozen test parents swing it by
+    about 0.08 (one SD) either way. Below chance is no leak, and no failure of the property."""
+    return not r["above_chance"] and r["cluster_ci_low"] <= r["chance"]
 
 
-@pytest.fixture(scope="module")
-def litmus_rows():
+def litmus_rows_for(mechanisms, seed=0) -> dict:
+    """Top-left 8 px litmus rows under the crop and the parent split, keyed (mechanism,
+    protocol); `seed` seeds the benchmark, the split and the training together."""
     from shortcutlab.recipe import TrainConfig
     from shortcutlab.splits import make_split
 
     out = {}
-    for mechanism in ("background", "none"):
-        crops = _bench(mechanism)
+    for mechanism in mechanisms:
+        crops = _bench(mechanism, seed)
         for protocol in ("crop", "parent"):
-            split = make_split(crops.table, protocol, test_fraction=0.3, seed=0)
-            res = litmus(crops, split, positions=("top_left",), size=8, config=TrainConfig(**CONFIG))
+            split = make_split(crops.table, protocol, test_fraction=0.3, seed=seed)
+            res = litmus(crops, split, positions=("top_left",), size=8, config=TrainConfig(**CONFIG, seed=seed))
             out[mechanism, protocol] = res.rows[0]
     return out
 
 
+@pytest.fixture(scope="module")
+def litmus_rows():
+    return litmus_rows_for(("background", "none"))
+
+
 @pytest.mark.slow
 def test_litmus_background_corner_beats_chance_only_when_siblings_cross(litmus_rows):
+    """The leak shows under the crop split only. Crop split: the parent-cluster interval lies
+    above chance (the litmus's verdict). Parent split: it does not (one-sided; below chance is
+    no leak). And the crop split beats the parent split by more than 0.10: a parent split that
+    let siblings cross would score like the crop split, a gap of 0 with an SD of about 0.076
+    (cluster SEs 0.05 and 0.057 on ~90 and ~36 test parents), so 0.10 is 1.3 SD above it,
+    while the parent split's own verdict already fails such a split.
+
+    Passes for 7 of 7 seeds tried (0-6, each the benchmark's, the split's and the training's
+    seed): crop interval lower end minus chance +0.057 (seed 5, about one cluster SE) to
+    +0.212 (0: +0.162); parent interval lower end minus chance -0.206 to -0.063; gap 0.136 to
+    0.356 (0: 0.356) against 0.10.
+    Before (strength 1, a two-sided "near chance" band and a gap above 0.15), seed 1's crop
+    split did not clear chance (-0.017), seed 5's gap at strength 2 was 0.136, and another
+    machine's seed 0 parent split scored 0.207 against chance 0.333, outside the band."""
     crop, parent = litmus_rows["background", "crop"], litmus_rows["background", "parent"]
     assert crop["cell_coverage"] == 0.0 and crop["cell_free_share"] == 1.0  # an 8 px corner of a 32 px crop is background
-    assert crop["above_chance"] and crop["accuracy"] - crop["chance"] > 0.12, crop
-    assert _near_chance(parent), parent
-    assert crop["accuracy"] - parent["accuracy"] > 0.15
+    assert crop["above_chance"], crop
+    assert _not_above_chance(parent), parent
+    assert crop["accuracy"] - parent["accuracy"] > 0.10, (crop, parent)
 
 
 @pytest.mark.slow
 def test_litmus_without_a_planted_signature_is_near_chance_under_both_splits(litmus_rows):
+    """Without a planted signature the corner patch beats chance under neither split (one-sided,
+    as above). Passes for 6 of 6 seeds tried (0-5): interval lower end minus chance -0.138 to
+    -0.021 under the crop split (accuracy 0.319-0.413 against chance 0.336-0.362: siblings still
+    share a little of their field), -0.127 to -0.060 under the parent split. The crop split's
+    room is the smallest of this file (seed 4: 0.021, about half a cluster SE)."""
     for protocol in ("crop", "parent"):
         r = litmus_rows["none", protocol]
-        assert _near_chance(r), (protocol, r)
+        assert _not_above_chance(r), (protocol, r)
 
 
 def test_litmus_refuses_bad_positions_sizes_and_one_sided_splits():

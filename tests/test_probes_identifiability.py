@@ -350,11 +350,17 @@ def test_backgrounds_near_chance_under_none_with_a_plain_background() -> None:
     i.i.d. sensor noise of one SD in every field). What remains are pixels shared by sibling
     crops (dense fields: 2-3x chance) and the cell outline left in the background, which
     carries the class (class_signal > 0: up to class chance); the sparse, class-free fields of
-    `synth_context` remove both."""
+    `synth_context` remove both.
+
+    One-sided (the property is "not above chance"; a draw below chance is no failure of it).
+    Passes for 6 of 6 benchmark seeds tried (0-5): accuracy 0 to 1.9 x chance against the
+    bound 2.5 x; interval lower end 0 to 0.0146 against chance 0.0167 (the binomial null puts
+    it above chance in 2.5% of draws). The two-sided form also held, but seed 2 scored 0 of
+    its crops (interval [0, 0.0211]): a hair from failing on the low side."""
     ctx = synth_context("none")
     rows = GroupIdentifiabilityDiagnostic(inputs=("background",)).run(ctx)
     acc, chance = by(rows, "input=background", "accuracy"), by(rows, "input=background", "chance")["value"]
-    assert acc["ci_low"] < chance < acc["ci_high"]
+    assert acc["ci_low"] < chance
     assert acc["value"] < 2.5 * chance
 
 

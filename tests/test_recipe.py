@@ -145,25 +145,30 @@ def test_each_step_reverses_the_adversary_gradient_with_the_dann_lambda_of_its_p
         torch.testing.assert_close(r["into_backbone"], -r["lam"] * r["from_adversary"], rtol=1e-6, atol=1e-9)
 
 
-def test_the_adversary_learns_to_name_the_parent(tmp_path):
+def test_the_adversary_learns_to_name_the_parent(tmp_path, seed=0):
+    """Passes for 6 of 6 seeds tried (0-5, each the benchmark's, the split's and the training's
+    seed): final-epoch adversary accuracy 0.65-0.86 against the bound 0.5 (twice chance; at
+    chance, 25 crops give an SD of 0.09), final loss 0.34-0.59 of the chance loss against 0.75.
+    The bounds were 0.6 and 0.6 before: seed 1 gave 0.654 and 0.591, a knife edge."""
     from shortcutlab.demo import _crops_from_synth
     from shortcutlab.synth import SynthConfig, synthesize
 
     # Each field has its own colour cast (the planted mechanism): the parent is visible.
-    crops = _crops_from_synth(synthesize(SynthConfig(seed=0, n_classes=2, fields_per_class=3, crop_size=16, mechanisms=("color",), strength=1.0)))
-    split = parent_split(crops.table, 0.25, seed=0)
+    crops = _crops_from_synth(synthesize(SynthConfig(seed=seed, n_classes=2, fields_per_class=3, crop_size=16, mechanisms=("color",), strength=1.0)))
+    split = parent_split(crops.table, 0.25, seed=seed)
     frame = split.cell(None)
     train_ids = frame.loc[frame["split"] == "train", "id"].astype(str)
     n_parents = len({i.split("_")[0] for i in train_ids})  # ids are field####_c##
     # A small weight: the backbone barely fights back, so the adversary's own learning shows.
-    rec = train(crops, split, str(tmp_path / "r"), TrainConfig(arch="test_resnet", epochs=6, batch_size=8, lr=1e-2, adversary_weight=0.01), progress=False)
+    rec = train(crops, split, str(tmp_path / "r"), TrainConfig(arch="test_resnet", epochs=6, batch_size=8, lr=1e-2, adversary_weight=0.01, seed=seed),
+                progress=False)
     adv = rec.adversary
     assert adv["n_parents"] == n_parents == 4
     assert adv["chance_loss"] == pytest.approx(np.log(n_parents), abs=1e-6)
     assert len(adv["epoch_loss"]) == len(adv["epoch_accuracy"]) == 6
     # From about chance in the first epoch to far better than chance at the end.
-    assert adv["epoch_accuracy"][-1] >= 0.6 > 2 / n_parents
-    assert adv["epoch_loss"][-1] < 0.6 * adv["chance_loss"] and adv["epoch_loss"][-1] < adv["epoch_loss"][0]
+    assert adv["epoch_accuracy"][-1] > 2 / n_parents
+    assert adv["epoch_loss"][-1] < 0.75 * adv["chance_loss"] and adv["epoch_loss"][-1] < adv["epoch_loss"][0]
 
 
 def test_dann_schedule():
