@@ -12,7 +12,7 @@ import os
 import sys
 
 from .errors import ManifestHashError, ShortcutlabError
-from .io import claim_output_files, register_output_files
+from .io import claim_output_files, read_json_object, register_output_files
 
 
 def _add_table_options(p: argparse.ArgumentParser) -> None:
@@ -77,12 +77,8 @@ def _json_of(name: str):
     them, so the CSV beside it is shortcutlab's too."""
 
     def legacy(folder: str) -> bool:
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                d = json.load(f)
-        except (OSError, ValueError):
-            return False
-        return isinstance(d, dict) and isinstance(d.get("rows"), list)
+        d = read_json_object(os.path.join(folder, name))
+        return d is not None and isinstance(d.get("rows"), list)
 
     return legacy
 
@@ -397,13 +393,7 @@ SIBLINGS_FILES = ("siblings.csv", "siblings.json", "contact_sheet.png")
 
 def _is_legacy_siblings(out: str) -> bool:
     """A siblings folder written before output markers: its siblings.json is a summary."""
-    import json
-
-    try:
-        with open(os.path.join(out, "siblings.json"), encoding="utf-8") as f:
-            return isinstance(json.load(f), dict)
-    except (OSError, ValueError):
-        return False
+    return read_json_object(os.path.join(out, "siblings.json")) is not None
 
 
 def cmd_siblings(args) -> int:

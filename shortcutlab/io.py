@@ -303,6 +303,18 @@ def clean_stale(out_dir: str | os.PathLike, names: Iterable[str] = ()) -> list[s
     return gone
 
 
+def read_json_object(path: str | os.PathLike) -> dict | None:
+    """The JSON object in the file `path`, or None when it is missing, unreadable, not JSON or
+    not an object (for recognising outputs of earlier versions; never for user input, whose
+    errors must be named)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def read_marker(folder: str | os.PathLike) -> dict | None:
     """The output marker of `folder`, or None when it has none or not one of this schema."""
     path = os.path.join(os.fspath(folder), MARKER)

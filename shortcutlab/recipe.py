@@ -54,7 +54,7 @@ from .data import CropImages, load_crops
 from .errors import ShortcutlabError
 from .grad_reverse import GradReverse as _GradReverse  # module attribute: tests spy on it
 from .grad_reverse import dann_lambda
-from .io import OutputError, atomic_files, claim_output_dir, to_json, write_marker, write_text
+from .io import OutputError, atomic_files, claim_output_dir, read_json_object, to_json, write_marker, write_text
 from .manifest import SplitManifest
 from .table import CropTable
 
@@ -520,12 +520,8 @@ RUN_FILES = ("model.safetensors", "logits.csv", "run.json", "diagnostics.csv", "
 
 def _is_legacy_run(out: str) -> bool:
     """A run folder written before output markers: its run.json is a run record."""
-    try:
-        with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(d, dict) and isinstance(d.get("config"), dict) and isinstance(d.get("files"), dict)
+    d = read_json_object(os.path.join(out, "run.json"))
+    return d is not None and isinstance(d.get("config"), dict) and isinstance(d.get("files"), dict)
 
 
 def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:

@@ -88,7 +88,7 @@ from scipy import ndimage
 from scipy.special import ndtri
 
 from .errors import ShortcutlabError
-from .io import atomic_dir, claim_output_dir
+from .io import atomic_dir, claim_output_dir, read_json_object
 from .paths import inside, wrong_kind
 
 MECHANISMS: tuple[str, ...] = ("color", "illumination", "background", "focus", "noise")
@@ -1158,12 +1158,8 @@ SYNTH_FILES = ("manifest.csv", "synth.json", "cells.csv", "crops/", "masks/", "a
 
 def _is_legacy_synth(out: str) -> bool:
     """A benchmark folder written before output markers: its synth.json is a benchmark's."""
-    try:
-        with open(os.path.join(out, "synth.json"), encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(d, dict) and d.get("format") == FORMAT and isinstance(d.get("config"), dict)
+    d = read_json_object(os.path.join(out, "synth.json"))
+    return d is not None and d.get("format") == FORMAT and isinstance(d.get("config"), dict)
 
 
 def claim_synth_dir(out: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ShortcutlabError
-from ..io import atomic_files, check_writable, claim_output_dir, write_json, write_marker
+from ..io import atomic_files, check_writable, claim_output_dir, read_json_object, write_json, write_marker
 from ..paths import wrong_kind
 from .config import SweepConfig, load_config
 from .executors import Executor, LocalExecutor
@@ -85,17 +85,11 @@ SWEEP_FILES = ("sweep.json", ".sweep.lock", "tasks/", "predictions.parquet", "pr
 def _is_legacy_sweep(out_dir: str) -> bool:
     """A sweep folder written before output markers: its sweep.json is a sweep's (or it holds
     only the lock of a sweep killed before it wrote one)."""
-    import json
-
     path = os.path.join(out_dir, "sweep.json")
     if not os.path.exists(path):
         return os.listdir(out_dir) == [".sweep.lock"]
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(d, dict) and isinstance(d.get("config"), dict) and isinstance(d.get("tasks"), list)
+    d = read_json_object(path)
+    return d is not None and isinstance(d.get("config"), dict) and isinstance(d.get("tasks"), list)
 
 
 def claim_sweep_dir(out_dir: str) -> None:
