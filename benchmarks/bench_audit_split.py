@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from shortcutlab import CropTable, audit, parent_split
-from shortcutlab.random_tables import random_table
+from shortcutlab.data.random_tables import random_table
 
 
 def naive_audit_and_split(df: pd.DataFrame, q: float, seed: int) -> dict:

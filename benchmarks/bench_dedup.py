@@ -19,10 +19,10 @@ import time
 import numpy as np
 
 try:
-    from shortcutlab import dedup
+    from shortcutlab.data import dedup
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-    from shortcutlab import dedup
+    from shortcutlab.data import dedup
 
 
 def planted_hashes(n: int, distance: int, fraction: float, seed: int) -> np.ndarray:

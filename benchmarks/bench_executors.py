@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="best of this many runs (Ray: warm runs)")
     args = ap.parse_args()
 
-    from shortcutlab.sweep.ray_executor import RayExecutor
+    from shortcutlab.sweep.executors.ray import RayExecutor
 
     print(f"machine: numpy reference {numpy_reference_ms():.0f} ms; {os.cpu_count()} CPUs")
     rounds = args.rounds

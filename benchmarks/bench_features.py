@@ -39,7 +39,7 @@ except ImportError:  # run from a checkout without installing
     import probes
 
 from probes.features import cache_key, weights_hash
-from shortcutlab.adapter import create_model, wrap
+from shortcutlab.models.adapter import create_model, wrap
 
 
 def best(repeats: int, fn) -> tuple[float, object]:

@@ -50,7 +50,7 @@ except ImportError:  # run from a checkout without installing
     import probes
 
 from probes.saliency import gradcam, randomized_head_check
-from shortcutlab.adapter import create_model, wrap
+from shortcutlab.models.adapter import create_model, wrap
 
 GOAL = 5.0  # ours (maps + outside mass + randomised-head check) / pytorch-grad-cam (maps)
 

@@ -22,12 +22,12 @@ import time
 import numpy as np
 
 try:
-    from shortcutlab import siblings
+    from shortcutlab.data import siblings
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-    from shortcutlab import siblings
+    from shortcutlab.data import siblings
 
-from shortcutlab.dedup import _popcount  # noqa: E402
+from shortcutlab.data.dedup import _popcount  # noqa: E402
 
 
 def smooth_images(n: int, rng: np.random.Generator, size: int = 64, grid: int = 16) -> np.ndarray:

@@ -15,8 +15,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from shortcutlab.adapter import create_model, wrap
-from shortcutlab.recipe import _flip, random_resized_crop
+from shortcutlab.models.adapter import create_model, wrap
+from shortcutlab.models.recipe import _flip, random_resized_crop
 
 
 def main() -> None:

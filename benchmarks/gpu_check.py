@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-# Deterministic cuBLAS needs this before CUDA starts; shortcutlab.recipe sets it too.
+# Deterministic cuBLAS needs this before CUDA starts; shortcutlab.models.recipe sets it too.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,7 +98,7 @@ def run_training(args, device: str) -> tuple[bool, list[str]]:
     import pandas as pd
 
     from shortcutlab.cli import main as cli
-    from shortcutlab.recipe import TrainConfig, load_manifest_table, train
+    from shortcutlab.models.recipe import TrainConfig, load_manifest_table, train
 
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         bench, split = os.path.join(tmp, "bench"), os.path.join(tmp, "split.csv")
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from shortcutlab.errors import ShortcutlabError
-    from shortcutlab.recipe import resolve_device
+    from shortcutlab.models.recipe import resolve_device
 
     try:
         device = resolve_device(args.device)

@@ -512,7 +512,7 @@ def field_lab_statistics(crops, parents: Iterable[str] | None = None, batch_size
     """LAB mean and standard deviation of every field, pooled over its crops' cell pixels.
 
     Args:
-        crops: a `shortcutlab.data.CropImages` (uint8 images, optional masks, the table).
+        crops: a `shortcutlab.data.images.CropImages` (uint8 images, optional masks, the table).
         parents: the parents (fields) to describe (default: all of the table's).
         batch_size: crops converted at a time (default: about 128K pixels on CPU).
         device: where to compute.
@@ -600,10 +600,10 @@ def unseen_field_targets(table, split, cells: Sequence[str] | None = None, seed:
     mixed-class parents (CRIC), a field qualifies for every class it holds.
 
     Args:
-        table: the `shortcutlab.table.CropTable` the split was made from.
-        split: a `shortcutlab.manifest.SplitManifest`.
+        table: the `shortcutlab.data.table.CropTable` the split was made from.
+        split: a `shortcutlab.data.manifest.SplitManifest`.
         cells: the cells being compared (default: all of the manifest's; for a factorial all of
-            `shortcutlab.splits.FACTORIAL_CELLS`). Test crops are those on the test side of any.
+            `shortcutlab.data.splits.FACTORIAL_CELLS`). Test crops are those on the test side of any.
         seed: non-negative integer.
         exclude_sides: sides whose parents count as seen: ("train",) or ("train", "val").
 
@@ -615,8 +615,8 @@ def unseen_field_targets(table, split, cells: Sequence[str] | None = None, seed:
         InterventionError: some class has no qualifying field for some test crop (the message
             names the class), or the cells hold no test crop.
     """
-    from shortcutlab.audit import side_codes
-    from shortcutlab.manifest import SIDES
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.data.manifest import SIDES
 
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise InterventionError(f"seed must be a non-negative integer; got {seed!r}")

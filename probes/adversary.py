@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shortcutlab.grad_reverse import dann_lambda, grad_reverse
+from shortcutlab.models.grad_reverse import dann_lambda, grad_reverse
 
 from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
 from ._logistic import standardise, torch_threads
@@ -307,7 +307,7 @@ def remeasure_R(adapter, crops, *, index: np.ndarray | None = None, probe: Paren
 
     Args:
         adapter: the trained model, wrapped (`shortcutlab.wrap`); put it in eval mode.
-        crops: `shortcutlab.data.CropImages` (or a `CropTable` with an image column).
+        crops: `shortcutlab.data.images.CropImages` (or a `CropTable` with an image column).
         index: rows to probe (default all).
         probe: an unfitted `ParentProbe` whose settings are used (default settings if None).
         batch_size, cache_dir, progress: as `probes.extract_features`.
@@ -315,8 +315,8 @@ def remeasure_R(adapter, crops, *, index: np.ndarray | None = None, probe: Paren
     Returns:
         The fitted `ParentProbe` (``R_``, ``floor_``, ``above_floor_``, ``ci_``, ...).
     """
-    from shortcutlab.data import CropImages, load_crops
-    from shortcutlab.table import CropTable
+    from shortcutlab.data.images import CropImages, load_crops
+    from shortcutlab.data.table import CropTable
 
     from .features import extract_features
 

@@ -107,7 +107,7 @@ class DiagnosticContext:
     Attributes:
         adapter: the wrapped model (`shortcutlab.wrap`); diagnostics run it in eval mode
             (`eval_mode`), whatever its mode, and leave its mode and statistics as they were.
-        crops: the crops as `shortcutlab.data.CropImages` (images, masks, table).
+        crops: the crops as `shortcutlab.data.images.CropImages` (images, masks, table).
         side: (N,) side of each table row: 0 train, 1 val, 2 test, -1 not in the split.
         run_id: names the model in the rows.
         split_sha256: the split manifest's hash, carried into results.

@@ -34,8 +34,8 @@ from .registry import REGISTRY, available, get
 
 
 def _side(crops, split, cell) -> tuple[np.ndarray, str]:
-    from shortcutlab.audit import side_codes
-    from shortcutlab.manifest import SplitManifest
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.data.manifest import SplitManifest
 
     if isinstance(split, np.ndarray):
         return split, ""
@@ -102,8 +102,8 @@ def diagnose(
     """
     from tqdm.auto import tqdm
 
-    from shortcutlab.data import load_crops
-    from shortcutlab.table import CropTable
+    from shortcutlab.data.images import load_crops
+    from shortcutlab.data.table import CropTable
 
     if isinstance(crops, CropTable):
         crops = load_crops(crops)
@@ -168,7 +168,7 @@ def unseen_field_targets_for(crops, split, cells=None, seed: int = 0) -> dict[st
     import torch
 
     from interventions import field_lab_statistics, field_target_tensors, unseen_field_targets
-    from shortcutlab.manifest import SplitManifest
+    from shortcutlab.data.manifest import SplitManifest
 
     if isinstance(split, (str, os.PathLike)):
         split = SplitManifest.read(split)

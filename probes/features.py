@@ -11,7 +11,7 @@ checkpoint, wrapping, crop or intervention never reads stale features.
 
 Example (``cache_dir="runs/a/.features"`` would keep them on disk):
     >>> import torch
-    >>> from shortcutlab.adapter import create_model, wrap
+    >>> from shortcutlab.models.adapter import create_model, wrap
     >>> adapter = wrap(create_model("test_resnet", num_classes=3).eval())
     >>> crops = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     >>> F = extract_features(adapter, crops, batch_size=4)
@@ -43,8 +43,8 @@ def weights_hash(model: torch.nn.Module) -> str:
 
 def _as_images(crops) -> tuple[torch.Tensor, torch.Tensor | None, list[str] | None]:
     """(images, masks, ids) of a CropImages, a CropTable with images, or a tensor."""
-    from shortcutlab.data import CropImages, load_crops
-    from shortcutlab.table import CropTable
+    from shortcutlab.data.images import CropImages, load_crops
+    from shortcutlab.data.table import CropTable
 
     if isinstance(crops, CropTable):
         crops = load_crops(crops)
@@ -102,7 +102,7 @@ def cache_key(model: torch.nn.Module, images: torch.Tensor, ids, masks=None, tra
         masks: (N, 1, H, W) masks, hashed with a transform only.
         transform_key: the transform's name, or None.
     """
-    from shortcutlab.adapter import ModelAdapter
+    from shortcutlab.models.adapter import ModelAdapter
 
     h = hashlib.sha256()
     if isinstance(model, ModelAdapter):
@@ -170,7 +170,7 @@ def extract_features(
     """
     from tqdm.auto import tqdm
 
-    from shortcutlab.adapter import ModelAdapter, wrap
+    from shortcutlab.models.adapter import ModelAdapter, wrap
 
     if not isinstance(adapter, ModelAdapter):
         adapter = wrap(adapter)

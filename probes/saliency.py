@@ -68,7 +68,7 @@ it is in training mode) is copied first and loaded back, bit for bit, also after
 Example:
     >>> import torch
     >>> from shortcutlab import wrap
-    >>> from shortcutlab.adapter import create_model
+    >>> from shortcutlab.models.adapter import create_model
     >>> adapter = wrap(create_model("test_resnet", num_classes=3)).eval()
     >>> x = torch.rand(4, 3, 64, 64)
     >>> maps = gradcam(adapter, x, targets=None)          # the predicted classes
@@ -98,7 +98,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shortcutlab.adapter import ModelAdapter, ModelError, reinit_parameters
+from shortcutlab.models.adapter import ModelAdapter, ModelError, reinit_parameters
 
 from .base import Diagnostic, DiagnosticContext, DiagnosticError, eval_mode, row
 from .registry import register

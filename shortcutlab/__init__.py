@@ -2,25 +2,25 @@
 
 The public entry points:
 
-- `CropTable`: a validated crop -> parent table (`shortcutlab.table`);
+- `CropTable`: a validated crop -> parent table (`shortcutlab.data.table`);
 - closed forms `sibling_share`, `exposure`, `diversity_ratio`, `pixel_overlap`
-  (`shortcutlab.exposure`);
+  (`shortcutlab.data.exposure`);
 - split protocols `crop_split`, `parent_split`, `dedup_split`, `factorial_split`,
-  `ladder_split` and `make_split` (`shortcutlab.splits`), returning a `SplitManifest`;
-- `audit` and `measure_split` (`shortcutlab.audit`), `reporting_card` (`shortcutlab.card`);
-- `wrap` / `ModelAdapter` / `create_model` (`shortcutlab.adapter`), `train` / `TrainConfig`
-  (`shortcutlab.recipe`) and `synthesize` / `SynthConfig` (`shortcutlab.synth`). These need
+  `ladder_split` and `make_split` (`shortcutlab.data.splits`), returning a `SplitManifest`;
+- `audit` and `measure_split` (`shortcutlab.data.audit`), `reporting_card` (`shortcutlab.data.card`);
+- `wrap` / `ModelAdapter` / `create_model` (`shortcutlab.models.adapter`), `train` / `TrainConfig`
+  (`shortcutlab.models.recipe`) and `synthesize` / `SynthConfig` (`shortcutlab.synth`). These need
   torch and are imported on first use, so table work stays light.
 """
 
-__version__ = "0.1.0"
+from shortcutlab.version import __version__
 
-from .audit import audit, measure_split
-from .card import reporting_card
-from .errors import ManifestHashError, ShortcutlabError, SplitError, TableError
-from .exposure import diversity_ratio, exposure, pixel_overlap, sibling_share, summarize
-from .manifest import SplitManifest, content_hash, verify
-from .splits import (
+from shortcutlab.data.audit import audit, measure_split
+from shortcutlab.data.card import reporting_card
+from shortcutlab.errors import ManifestHashError, ShortcutlabError, SplitError, TableError
+from shortcutlab.data.exposure import diversity_ratio, exposure, pixel_overlap, sibling_share, summarize
+from shortcutlab.data.manifest import SplitManifest, content_hash, verify
+from shortcutlab.data.splits import (
     available_protocols,
     crop_split,
     dedup_split,
@@ -29,17 +29,17 @@ from .splits import (
     make_split,
     parent_split,
 )
-from .table import CropTable
+from shortcutlab.data.table import CropTable
 
 # Names whose modules import torch/timm: resolved on first access (PEP 562).
 _LAZY = {
-    "wrap": "adapter",
-    "ModelAdapter": "adapter",
-    "ModelError": "adapter",
-    "InputError": "adapter",
-    "create_model": "adapter",
-    "train": "recipe",
-    "TrainConfig": "recipe",
+    "wrap": "models.adapter",
+    "ModelAdapter": "models.adapter",
+    "ModelError": "models.adapter",
+    "InputError": "models.adapter",
+    "create_model": "models.adapter",
+    "train": "models.recipe",
+    "TrainConfig": "models.recipe",
     "synthesize": "synth",
     "SynthConfig": "synth",
     "write_synth": "synth",
@@ -51,7 +51,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(importlib.import_module(f"shortcutlab.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'shortcutlab' has no attribute {name!r}")
 
 __all__ = [

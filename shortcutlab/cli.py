@@ -11,8 +11,8 @@ import json
 import os
 import sys
 
-from .errors import ManifestHashError, ShortcutlabError
-from .io import claim_output_files, read_json_object, register_output_files
+from shortcutlab.errors import ManifestHashError, ShortcutlabError
+from shortcutlab.io import claim_output_files, read_json_object, register_output_files
 
 
 def _add_table_options(p: argparse.ArgumentParser) -> None:
@@ -31,7 +31,7 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
 
 
 def _load_table(args):
-    from .table import CropTable
+    from shortcutlab.data.table import CropTable
 
     return CropTable.from_csv(
         args.table,
@@ -55,7 +55,7 @@ def _check_output_files(table: str | None, outputs: list[tuple[str, str | None]]
         table: the input table path (never overwritten), or None.
         outputs: (option, path) pairs; a None path is an option not given.
     """
-    from .io import OutputError, check_writable
+    from shortcutlab.io import OutputError, check_writable
 
     seen: dict[str, str] = {}
     inputs = {os.path.realpath(table): "the input table"} if table else {}
@@ -89,7 +89,7 @@ def _check_output_folder(path: str, flag: str, *, replaced: bool = False) -> Non
     Nothing is created. With `replaced` the folder is built beside `path` and swapped in, so
     its parent must be writable; otherwise files are written inside it.
     """
-    from .io import OutputError
+    from shortcutlab.io import OutputError
 
     if os.path.exists(path) and not os.path.isdir(path):
         raise OutputError(f"{flag} {path!r} is a file; give a folder")
@@ -182,10 +182,10 @@ def _print_audit(result: dict) -> None:
 
 
 def cmd_audit(args) -> int:
-    from .audit import audit
-    from .card import reporting_card
-    from .io import atomic_files, to_json
-    from .manifest import SplitManifest
+    from shortcutlab.data.audit import audit
+    from shortcutlab.data.card import reporting_card
+    from shortcutlab.io import atomic_files, to_json
+    from shortcutlab.data.manifest import SplitManifest
 
     _check_output_files(args.table, [("--json", args.json), ("--card", args.card)])
     table = _load_table(args)
@@ -209,9 +209,9 @@ def cmd_audit(args) -> int:
 
 
 def cmd_split(args) -> int:
-    from .io import OutputError
-    from .manifest import sidecar_path
-    from .splits import make_split
+    from shortcutlab.io import OutputError
+    from shortcutlab.data.manifest import sidecar_path
+    from shortcutlab.data.splits import make_split
 
     levels = None
     if args.protocol == "ladder" and args.levels:
@@ -260,7 +260,7 @@ def cmd_split(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .manifest import verify
+    from shortcutlab.data.manifest import verify
 
     try:
         digest = verify(args.manifest, args.hash)
@@ -274,7 +274,7 @@ def cmd_verify(args) -> int:
 def cmd_synth(args) -> int:
     import time
 
-    from .synth import SynthConfig, parse_mechanisms, claim_synth_dir, synthesize, write_synth
+    from shortcutlab.synth import SynthConfig, parse_mechanisms, claim_synth_dir, synthesize, write_synth
 
     # Options left out keep SynthConfig's defaults (one source of truth).
     given = {
@@ -335,7 +335,7 @@ def _key_values(items: list[str], flag: str) -> dict:
 
 
 def cmd_train(args) -> int:
-    from .recipe import TrainConfig, load_manifest_table, train
+    from shortcutlab.models.recipe import TrainConfig, load_manifest_table, train
 
     cfg = TrainConfig(
         arch=args.arch,
@@ -362,7 +362,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import DemoConfig, run_demo
+    from shortcutlab.studies.demo import DemoConfig, run_demo
 
     kw = {}
     if args.seeds:
@@ -397,8 +397,8 @@ def _is_legacy_siblings(out: str) -> bool:
 
 
 def cmd_siblings(args) -> int:
-    from .io import claim_output_dir, write_marker
-    from .siblings import DEFAULT_CONFIRM, SiblingError, run
+    from shortcutlab.io import claim_output_dir, write_marker
+    from shortcutlab.data.siblings import DEFAULT_CONFIRM, SiblingError, run
 
     if args.pairs < 0:
         raise SiblingError(f"--pairs takes the number of pairs on the contact sheet, an integer >= 0; got {args.pairs}")
@@ -409,7 +409,7 @@ def cmd_siblings(args) -> int:
     claim_output_dir(args.out, "siblings", SIBLINGS_FILES, _is_legacy_siblings)
     import warnings
 
-    from .splits import SplitWarning
+    from shortcutlab.data.splits import SplitWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SplitWarning)
@@ -431,7 +431,7 @@ def cmd_siblings(args) -> int:
 
 
 def _retrain_config(args):
-    from .recipe import TrainConfig
+    from shortcutlab.models.recipe import TrainConfig
 
     return TrainConfig(arch=args.arch, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                        weights=args.weights, precise_bn=args.precise_bn, device=args.device)
@@ -440,9 +440,9 @@ def _retrain_config(args):
 def _retrain_inputs(args):
     """The table and split of `litmus` / `control`, after refusing an output folder that cannot
     be made (nothing is created: the output files are checked once the inputs are)."""
-    from .manifest import SplitManifest
-    from .paths import need_file
-    from .recipe import load_manifest_table
+    from shortcutlab.data.manifest import SplitManifest
+    from shortcutlab.paths import need_file
+    from shortcutlab.models.recipe import load_manifest_table
 
     _check_output_folder(args.out, "--out")
     for path, what in ((args.manifest, "crop manifest"), (args.split, "split manifest")):
@@ -458,9 +458,9 @@ def _score_line(label: str, r: dict) -> str:
 
 
 def cmd_litmus(args) -> int:
-    from .data import load_crops
-    from .io import atomic_files, to_json
-    from .litmus import check_positions, check_size, check_split_sides, litmus
+    from shortcutlab.data.images import load_crops
+    from shortcutlab.io import atomic_files, to_json
+    from shortcutlab.studies.litmus import check_positions, check_size, check_split_sides, litmus
 
     positions = check_positions(args.positions)
     cfg = _retrain_config(args)
@@ -472,7 +472,7 @@ def cmd_litmus(args) -> int:
     claim_output_files(args.out, ("litmus.csv", "litmus.json"), _json_of("litmus.json"))
     import warnings
 
-    from .splits import SplitWarning
+    from shortcutlab.data.splits import SplitWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SplitWarning)  # printed below, from the result's notes
@@ -497,11 +497,11 @@ def cmd_litmus(args) -> int:
 def cmd_control(args) -> int:
     import warnings
 
-    from .control import ControlWarning, deleted_signal_control, empty_masks
-    from .data import load_crops
-    from .io import atomic_files, to_json
-    from .litmus import check_split_sides
-    from .synth import ALL_CELLS_COLUMN
+    from shortcutlab.studies.control import ControlWarning, deleted_signal_control, empty_masks
+    from shortcutlab.data.images import load_crops
+    from shortcutlab.io import atomic_files, to_json
+    from shortcutlab.studies.litmus import check_split_sides
+    from shortcutlab.synth import ALL_CELLS_COLUMN
 
     cfg = _retrain_config(args)
     if args.delete == "cell" and args.dilate < 0:
@@ -589,7 +589,7 @@ def cmd_diagnose(args) -> int:
 
     import probes
 
-    from .runs import Run, load_run, load_run_data, read_record
+    from shortcutlab.models.runs import Run, load_run, load_run_data, read_record
 
     if args.list:
         print(_diagnose_listing())
@@ -600,7 +600,7 @@ def cmd_diagnose(args) -> int:
     params = _diagnose_params(args.param)
     for name in (only or []) + list(params):
         probes.get_class(name)  # an unknown name lists the close matches, before any work
-    from .recipe import resolve_device
+    from shortcutlab.models.recipe import resolve_device
 
     resolve_device(args.device)  # as train and sweep: a device that is not here is named before any work
     out_dir = args.out or args.run
@@ -609,7 +609,7 @@ def cmd_diagnose(args) -> int:
     # a user's table where ours would go is named before any work (this reads, creates nothing)
     claim_output_files(out_dir, ("diagnostics.csv", "diagnostics.json"), _json_of("diagnostics.json"))
     if args.arch:
-        from .adapter import create_model, wrap
+        from shortcutlab.models.adapter import create_model, wrap
 
         if not args.weights or not args.classes:
             raise ShortcutlabError("--arch needs --weights FILE and --classes A,B,... (in the model's logit order)")
@@ -626,7 +626,7 @@ def cmd_diagnose(args) -> int:
     preprocess = None
     cfg = run.record.get("config", {})
     if cfg.get("mask_background"):
-        from .recipe import _mask_background
+        from shortcutlab.models.recipe import _mask_background
 
         fill = float(cfg.get("background_fill", 0.5))
         preprocess = lambda x, m: _mask_background(x, m, fill)  # noqa: E731 (scored as trained)
@@ -669,14 +669,14 @@ def _sweep_limits(items) -> dict:
 
 
 def cmd_sweep(args) -> int:
-    from .sweep import get_executor
-    from .sweep.config import load_config
-    from .sweep.runner import run_sweep
+    from shortcutlab.sweep import get_executor
+    from shortcutlab.sweep.config import load_config
+    from shortcutlab.sweep.runner import run_sweep
 
     limits = _sweep_limits(args.limit)
     cfg = load_config(args.config, limits=limits)
     if args.device:
-        from .sweep.config import validate
+        from shortcutlab.sweep.config import validate
 
         raw = dict(cfg.raw, device=args.device)
         cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)), limits=limits)
@@ -711,8 +711,8 @@ def cmd_sweep(args) -> int:
 def cmd_results(args) -> int:
     import warnings
 
-    from .stats import StatsWarning
-    from .sweep.runner import estimates_table, results_table
+    from shortcutlab.stats import StatsWarning
+    from shortcutlab.sweep.runner import estimates_table, results_table
 
     if args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
@@ -758,7 +758,7 @@ def _pd_display():
 
 
 def cmd_report(args) -> int:
-    from .report import build_report
+    from shortcutlab.report import build_report
 
     if args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
@@ -775,8 +775,8 @@ def _isnan(v) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .splits import available_protocols
+    from shortcutlab.version import __version__
+    from shortcutlab.data.splits import available_protocols
 
     parser = argparse.ArgumentParser(prog="shortcutlab", description="Audit and split crop tables for acquisition-sibling leakage.")
     parser.add_argument("--version", action="version", version=f"shortcutlab {__version__}")

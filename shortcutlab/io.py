@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import ShortcutlabError
+from shortcutlab.errors import ShortcutlabError
 
 
 class OutputError(ShortcutlabError):
@@ -456,7 +456,7 @@ def write_marker(out_dir: str | os.PathLike, kind: str, files: Iterable[str] | N
     """Write `out_dir`'s output marker (atomically): `kind`, the version and `files`, the
     relative paths the tool wrote there (``"name/"``: a folder it owns whole); by default
     every file now in the folder, merged with those the marker already lists."""
-    from . import __version__
+    from shortcutlab.version import __version__
 
     out = os.fspath(out_dir)
     files = set(_listing(out) if files is None else files)

@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .errors import ShortcutlabError
+from shortcutlab.errors import ShortcutlabError
 
 
 @dataclass(frozen=True)

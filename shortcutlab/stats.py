@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .errors import ShortcutlabError
+from shortcutlab.errors import ShortcutlabError
 
 __all__ = [
     "StatsError",
@@ -179,7 +179,7 @@ def _codes(frame: pd.DataFrame, columns: Sequence) -> np.ndarray:
 
 
 def _rows(mask) -> str:
-    from .errors import first_rows
+    from shortcutlab.errors import first_rows
 
     return first_rows(np.asarray(mask, dtype=bool))
 

@@ -87,9 +87,9 @@ import torch
 from scipy import ndimage
 from scipy.special import ndtri
 
-from .errors import ShortcutlabError
-from .io import atomic_dir, claim_output_dir, read_json_object
-from .paths import inside, wrong_kind
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.io import atomic_dir, claim_output_dir, read_json_object
+from shortcutlab.paths import inside, wrong_kind
 
 MECHANISMS: tuple[str, ...] = ("color", "illumination", "background", "focus", "noise")
 """Acquisition mechanisms, in the order their parameters are drawn and applied."""
@@ -828,7 +828,7 @@ class SynthData:
 
     def crop_table(self):
         """The crops as a `CropTable` with geometry."""
-        from .table import CropTable
+        from shortcutlab.data.table import CropTable
 
         return CropTable.from_frame(self.table, id="id", label="label", parent="parent", box="x,y,w,h", source="synth")
 
@@ -1040,7 +1040,7 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 def _json_document(data: SynthData) -> dict:
-    from . import __version__
+    from shortcutlab.version import __version__
 
     config = data.config
     means = class_means(config)

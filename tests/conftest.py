@@ -6,7 +6,7 @@ import pytest
 from hypothesis import settings
 
 from shortcutlab import CropTable
-from shortcutlab.random_tables import random_table
+from shortcutlab.data.random_tables import random_table
 
 settings.register_profile("ci", max_examples=25, deadline=None)
 settings.load_profile("ci")

@@ -1,4 +1,4 @@
-"""The model contract of `shortcutlab.adapter`, run over timm, torchvision and hand-written nets."""
+"""The model contract of `shortcutlab.models.adapter`, run over timm, torchvision and hand-written nets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from shortcutlab.errors import ShortcutlabError
-from shortcutlab.adapter import InputError, ModelAdapter, ModelError, TokenLayout, create_model, wrap
+from shortcutlab.models.adapter import InputError, ModelAdapter, ModelError, TokenLayout, create_model, wrap
 
 IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 SIZE = 64  # smallest input whose final CNN map (reduction 32) is still 2 x 2

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from shortcutlab import SplitError, SplitManifest, audit, crop_split, measure_split, parent_split, reporting_card
-from shortcutlab.random_tables import random_table
+from shortcutlab.data.random_tables import random_table
 from conftest import table_from
 
 
@@ -133,7 +133,7 @@ def _image_table(tmp_path, n=12):
 
 
 def test_card_states_reference_002_items_with_the_measured_pixel_sibling_share(tmp_path):
-    from shortcutlab.siblings import find_siblings
+    from shortcutlab.data.siblings import find_siblings
 
     table = _image_table(tmp_path)
     # Rotated copies t0..t5 on the test side with their sources on the training side, t6..t11

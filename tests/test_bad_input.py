@@ -93,7 +93,7 @@ def _image_bytes(arr, fmt: str = "PNG") -> bytes:
 
 def _crops(tmp_path, image: bytes | None = None, mask: bytes | None = None, name: str = "c1.png"):
     """Load two 8 x 8 crops: c0 is fine, c1 is written from `image` (its mask from `mask`)."""
-    from shortcutlab.data import load_crops
+    from shortcutlab.data.images import load_crops
 
     files = {"c0.png": _image_bytes(_np.full((8, 8, 3), 7, _np.uint8))}
     if image is not None:
@@ -164,7 +164,7 @@ TABLE_CASES: list[Case] = [
 
 @pytest.fixture
 def table_csv(tmp_path) -> str:
-    from shortcutlab.random_tables import random_table
+    from shortcutlab.data.random_tables import random_table
 
     path = tmp_path / "t.csv"
     random_table(8, 3, 2, geometry=False, seed=0).to_csv(path, index=False)
@@ -174,8 +174,8 @@ def table_csv(tmp_path) -> str:
 @pytest.fixture
 def no_work(monkeypatch):
     """Every command's work fails loudly: output checks must come before it."""
-    import shortcutlab.demo
-    import shortcutlab.recipe
+    import shortcutlab.studies.demo
+    import shortcutlab.models.recipe
     import shortcutlab.synth
 
     def boom(*a, **k):
@@ -183,8 +183,8 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(CropTable, "from_csv", classmethod(boom))
     monkeypatch.setattr(shortcutlab.synth, "synthesize", boom)
-    monkeypatch.setattr(shortcutlab.recipe, "load_manifest_table", boom)
-    monkeypatch.setattr(shortcutlab.demo, "run_demo", boom)
+    monkeypatch.setattr(shortcutlab.models.recipe, "load_manifest_table", boom)
+    monkeypatch.setattr(shortcutlab.studies.demo, "run_demo", boom)
 
 
 def _fill(argv: list[str], **values: str) -> list[str]:
@@ -475,7 +475,7 @@ def _train_inputs(tmp_path):
     from PIL import Image
 
     from shortcutlab import parent_split
-    from shortcutlab.recipe import load_manifest_table
+    from shortcutlab.models.recipe import load_manifest_table
 
     os.makedirs(tmp_path / "crops", exist_ok=True)
     rng = np.random.default_rng(0)
@@ -494,7 +494,7 @@ def _train_inputs(tmp_path):
 
 
 def _train(tmp_path, out="run", **config):
-    from shortcutlab.recipe import TrainConfig, train
+    from shortcutlab.models.recipe import TrainConfig, train
 
     man, split = _train_inputs(tmp_path)
     return train(man, split, str(tmp_path / out), TrainConfig(arch="test_resnet", epochs=1, batch_size=8, **config), progress=False)
@@ -515,7 +515,7 @@ def _train_into_a_file(tmp_path, out):
 
 
 def _demo_into_a_file(tmp_path):
-    from shortcutlab.demo import DemoConfig, run_demo
+    from shortcutlab.studies.demo import DemoConfig, run_demo
 
     (tmp_path / "afile").write_text("not a folder")
     return run_demo(str(tmp_path / "afile"), DemoConfig(fields_per_class=4, epochs=1, crop_size=16, progress=False))
@@ -593,7 +593,7 @@ def _extract(images) -> Callable:
         import torch
 
         from probes import extract_features
-        from shortcutlab.adapter import wrap
+        from shortcutlab.models.adapter import wrap
 
         net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
         extract_features(wrap(net, head="3", mean=0.5, std=0.25), images())
@@ -676,7 +676,7 @@ def _cascade_too_deep(tmp_path):
 
 def _saliency_cases() -> list[Case]:
     from probes import DiagnosticError
-    from shortcutlab.adapter import ModelError
+    from shortcutlab.models.adapter import ModelError
 
     return [
         Case("saliency-mask-wrong-size", _mask_wrong_size, DiagnosticError, ("masks", "(2, 1, 16, 16)", "(2, 1, 8, 8)")),
@@ -881,11 +881,11 @@ STATS_CASES += [
 
 
 # --- sweep executors (Ray) -----------------------------------------------------------------------
-from shortcutlab.sweep.ray_executor import RayExecutorError  # noqa: E402  (imports no Ray)
+from shortcutlab.sweep.executors.ray import RayExecutorError  # noqa: E402  (imports no Ray)
 
 
 def _ray_executor(**kw):
-    from shortcutlab.sweep.ray_executor import RayExecutor
+    from shortcutlab.sweep.executors.ray import RayExecutor
 
     return RayExecutor(**kw)
 
@@ -1161,8 +1161,8 @@ def _sib_invariant_with_hashes(tmp):
 
 
 SIBLINGS_CASES: list[Case] = [
-    Case("siblings-images-wrong-dtype", lambda t: __import__("shortcutlab.siblings").siblings.phash_images(_np.zeros((2, 8, 8, 3), _np.float32)), ShortcutlabError, ("uint8", "float32")),
-    Case("siblings-images-wrong-shape", lambda t: __import__("shortcutlab.siblings").siblings.phash_images(_np.zeros((2, 8, 8, 5), _np.uint8)), ShortcutlabError, ("(N, H, W, 3)", "(2, 8, 8, 5)")),
+    Case("siblings-images-wrong-dtype", lambda t: __import__("shortcutlab.data.siblings").data.siblings.phash_images(_np.zeros((2, 8, 8, 3), _np.float32)), ShortcutlabError, ("uint8", "float32")),
+    Case("siblings-images-wrong-shape", lambda t: __import__("shortcutlab.data.siblings").data.siblings.phash_images(_np.zeros((2, 8, 8, 5), _np.uint8)), ShortcutlabError, ("(N, H, W, 3)", "(2, 8, 8, 5)")),
     Case("dedup-invariant-needs-images", _sib_invariant_with_hashes, SplitError, ("--invariant", "--image")),
 ]
 
@@ -1227,7 +1227,7 @@ def test_cli_control_names_the_culprit(argv, expected, tmp_path, capsys) -> None
 def _delete_cell_bad(fill="constant", dilate=0, noise=None):
     import torch
 
-    from shortcutlab.control import delete_cell
+    from shortcutlab.studies.control import delete_cell
 
     return delete_cell(torch.zeros(1, 3, 4, 4), torch.zeros(1, 1, 4, 4), fill=fill, dilate=dilate, noise=noise)
 
@@ -1235,9 +1235,9 @@ def _delete_cell_bad(fill="constant", dilate=0, noise=None):
 def _control_masks_bad(masks):
     import torch
 
-    from shortcutlab.control import deleted_signal_control
-    from shortcutlab.data import CropImages
-    from shortcutlab.manifest import SplitManifest
+    from shortcutlab.studies.control import deleted_signal_control
+    from shortcutlab.data.images import CropImages
+    from shortcutlab.data.manifest import SplitManifest
 
     t = CropTable.from_frame(_pd.DataFrame({"id": list("abcd"), "label": list("xyxy"), "parent": list("pqrs")}), id="id")
     crops = CropImages(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.ones(4, 1, 8, 8, dtype=torch.bool), t)
@@ -1424,7 +1424,7 @@ def test_bad_input_sweep_i20(case: Case, tmp_path) -> None:
 def test_i20_split_parameter_refused_at_load_with_the_split_functions_own_message(tmp_path):
     # the same check, the same words: the message of the split function itself, run on data
     from shortcutlab.errors import SplitError
-    from shortcutlab.splits import crop_split, factorial_split
+    from shortcutlab.data.splits import crop_split, factorial_split
 
     table = CropTable.from_frame(_pd.DataFrame({"id": list("abcd"), "label": list("xyxy"), "parent": list("ppqq")}), id="id")
     for call, yaml_split in [(lambda: crop_split(table, test_fraction=1.5), "{protocol: crop, params: {test_fraction: 1.5}}"),
@@ -1445,7 +1445,7 @@ def test_i20_cli_bad_limit_flag_is_one_line(tmp_path, capsys):
 import numpy as _lib_np  # noqa: E402  (imports of this section, kept beside the cases that use them)
 import torch as _lib_torch  # noqa: E402
 
-from shortcutlab.adapter import InputError as _LibInputError  # noqa: E402
+from shortcutlab.models.adapter import InputError as _LibInputError  # noqa: E402
 
 
 def _lib_probe_data():
@@ -1499,7 +1499,7 @@ def _lib_saliency(fn: str, shape):
 def _lib_corrupt_cache(data: bytes):
     def call(tmp_path):
         from probes import extract_features
-        from shortcutlab.adapter import wrap
+        from shortcutlab.models.adapter import wrap
 
         _lib_torch.manual_seed(0)
         net = _lib_torch.nn.Sequential(_lib_torch.nn.Conv2d(3, 4, 3), _lib_torch.nn.AdaptiveAvgPool2d(1), _lib_torch.nn.Flatten(), _lib_torch.nn.Linear(4, 2))
@@ -1586,9 +1586,9 @@ def test_lib_cli_diagnose_without_a_run_names_list(tmp_path, capsys) -> None:
 import json as _json20  # noqa: E402
 import os as _os20  # noqa: E402
 
-from shortcutlab.adapter import ModelError as _ModelError20  # noqa: E402
+from shortcutlab.models.adapter import ModelError as _ModelError20  # noqa: E402
 from shortcutlab.paths import TASK_ID as _TASK_ID20  # noqa: E402
-from shortcutlab.runs import RunError as _RunError20  # noqa: E402
+from shortcutlab.models.runs import RunError as _RunError20  # noqa: E402
 
 _HEX20 = "0123456789abcdef"  # a well-formed task id
 
@@ -1597,7 +1597,7 @@ def _weights20(path) -> str:
     """A real test_resnet state dict (2 classes) as safetensors, without training."""
     from safetensors.torch import save_file
 
-    from shortcutlab.adapter import create_model
+    from shortcutlab.models.adapter import create_model
 
     _os20.makedirs(_os20.path.dirname(str(path)), exist_ok=True)
     save_file(create_model("test_resnet", num_classes=2).state_dict(), str(path))
@@ -1636,13 +1636,13 @@ def _entry20(**change) -> dict:
 
 def _refuse_run_loading20(monkeypatch):
     """From now on, fail the test if anything opens a run folder or builds a model."""
-    import shortcutlab.adapter
-    import shortcutlab.runs
+    import shortcutlab.models.adapter
+    import shortcutlab.models.runs
 
     def refuse(*a, **k):
         raise AssertionError(f"a run folder or weights file was opened: {a}")
 
-    for mod, name in ((shortcutlab.runs, "load_run"), (shortcutlab.runs, "read_record"), (shortcutlab.adapter, "create_model")):
+    for mod, name in ((shortcutlab.models.runs, "load_run"), (shortcutlab.models.runs, "read_record"), (shortcutlab.models.adapter, "create_model")):
         monkeypatch.setattr(mod, name, refuse)
 
 
@@ -1687,7 +1687,7 @@ def _report_folder20(models=None, link=False):
 
 def _run_weights_elsewhere20(absolute: bool):
     def call(tmp_path):
-        from shortcutlab.runs import load_run
+        from shortcutlab.models.runs import load_run
 
         target = _weights20(tmp_path / "outside" / "model.safetensors")
         (tmp_path / "run").mkdir()
@@ -1700,7 +1700,7 @@ def _run_weights_elsewhere20(absolute: bool):
 def _pickle_checkpoint20(tmp_path) -> str:
     import torch
 
-    from shortcutlab.adapter import create_model
+    from shortcutlab.models.adapter import create_model
 
     path = tmp_path / "whole_model.pt"
     torch.save(create_model("test_resnet", num_classes=2), path)  # the module object, pickled
@@ -1709,7 +1709,7 @@ def _pickle_checkpoint20(tmp_path) -> str:
 
 def _create_from20(make):
     def call(tmp_path):
-        from shortcutlab.adapter import create_model
+        from shortcutlab.models.adapter import create_model
 
         create_model("test_resnet", num_classes=2, pretrained=make(tmp_path))
 
@@ -1718,7 +1718,7 @@ def _create_from20(make):
 
 def _read_record20(**change):
     def call(tmp_path):
-        from shortcutlab.runs import read_record
+        from shortcutlab.models.runs import read_record
 
         (tmp_path / "run").mkdir()
         read_record(_run20(tmp_path / "run", **change))
@@ -1737,7 +1737,7 @@ def _file20(tmp_path) -> str:
 
 
 def _crop_is_folder20(tmp_path):
-    from shortcutlab.data import load_crops
+    from shortcutlab.data.images import load_crops
 
     (tmp_path / "c0.png").mkdir()
     load_crops(CropTable.from_frame(_pd.DataFrame({"id": ["a"], "label": ["x"], "parent": ["p"], "path": [str(tmp_path / "c0.png")]}),
@@ -1751,7 +1751,7 @@ def _sweep_config_is_folder20(tmp_path):
 
 
 def _image_folder_is_file20(tmp_path):
-    from shortcutlab.siblings import images_in_folder
+    from shortcutlab.data.siblings import images_in_folder
 
     images_in_folder(_file20(tmp_path))
 
@@ -1832,10 +1832,10 @@ RECORD_CASES = [
     Case("weights-file-is-a-folder", _create_from20(_folder20), _ModelError20, ("afolder", "is a folder, expected a file")),
     Case("crop-image-is-a-folder", _crop_is_folder20, TableError, ("c0.png", "id 'a'", "is a folder, expected a file")),
     Case("sweep-config-is-a-folder", _sweep_config_is_folder20, SweepConfigError, ("afolder", "is a folder, expected a file")),
-    Case("image-folder-is-a-file", _image_folder_is_file20, __import__("shortcutlab.siblings").siblings.SiblingError,
+    Case("image-folder-is-a-file", _image_folder_is_file20, __import__("shortcutlab.data.siblings").data.siblings.SiblingError,
          ("afile.csv", "is a file, expected a folder")),
     Case("synth-manifest-is-a-folder", _synth_manifest_is_folder20, SynthError, ("manifest.csv", "is a folder, expected a file")),
-    Case("run-folder-is-a-file", lambda t: __import__("shortcutlab.runs").runs.read_record(_file20(t)), _RunError20,
+    Case("run-folder-is-a-file", lambda t: __import__("shortcutlab.models.runs").models.runs.read_record(_file20(t)), _RunError20,
          ("afile.csv", "is a file, expected a folder")),
 ]
 
@@ -2027,14 +2027,14 @@ def test_a_sweep_folder_is_marked_before_any_task_and_stays_claimable(tmp_path):
 
 
 def _train_into(tmp_path):
-    from shortcutlab.recipe import TrainConfig, train
+    from shortcutlab.models.recipe import TrainConfig, train
 
     _precious(tmp_path / "run", "run.json", '{"mine": 1}')
     train(str(tmp_path / "missing.csv"), str(tmp_path / "split.csv"), str(tmp_path / "run"), TrainConfig(arch="test_resnet"))
 
 
 def _demo_into(tmp_path):
-    from shortcutlab.demo import DemoConfig, run_demo
+    from shortcutlab.studies.demo import DemoConfig, run_demo
 
     _precious(tmp_path / "demo", "results.csv")
     run_demo(str(tmp_path / "demo"), DemoConfig(progress=False, report=False))
@@ -2126,7 +2126,7 @@ def test_a_synth_killed_mid_write_leaves_a_temporary_that_the_next_run_removes(t
 
 def test_a_run_folder_with_its_diagnostics_can_be_trained_again(tmp_path):
     from shortcutlab.io import write_marker
-    from shortcutlab.recipe import _check_out_dir
+    from shortcutlab.models.recipe import _check_out_dir
 
     run = tmp_path / "run"
     run.mkdir()
@@ -2240,8 +2240,8 @@ def test_bad_input_damaged_synth(case: Case, tmp_path) -> None:
 # --- issue 20: studies: silent answers and report escaping ------------------------------------
 import warnings as _warnings  # noqa: E402  (imports of this section, kept beside the cases that use them)
 
-from shortcutlab.litmus import LitmusError as _LitmusError  # noqa: E402
-from shortcutlab.splits import SplitWarning as _SplitWarning  # noqa: E402
+from shortcutlab.studies.litmus import LitmusError as _LitmusError  # noqa: E402
+from shortcutlab.data.splits import SplitWarning as _SplitWarning  # noqa: E402
 
 
 def _studies_crops(labels="xyxyxyxy", masks=None, size=16):
@@ -2249,7 +2249,7 @@ def _studies_crops(labels="xyxyxyxy", masks=None, size=16):
     and a parent split: crops 0-5 train, 6-7 test."""
     import torch
 
-    from shortcutlab.data import CropImages
+    from shortcutlab.data.images import CropImages
 
     n = len(labels)
     t = CropTable.from_frame(_pd.DataFrame({"id": [f"c{k}" for k in range(n)], "label": list(labels),
@@ -2259,14 +2259,14 @@ def _studies_crops(labels="xyxyxyxy", masks=None, size=16):
     if masks is None:
         masks = torch.zeros(n, 1, size, size, dtype=torch.bool)
         masks[:, :, 5:11, 5:11] = True
-    from shortcutlab.manifest import SplitManifest
+    from shortcutlab.data.manifest import SplitManifest
 
     split = SplitManifest(_pd.DataFrame({"id": t.ids, "split": ["train"] * (n - 2) + ["test"] * 2}))
     return CropImages(images, masks, t), split
 
 
 def _studies_tiny():
-    from shortcutlab.recipe import TrainConfig
+    from shortcutlab.models.recipe import TrainConfig
 
     return TrainConfig(arch="test_resnet", epochs=1, batch_size=8)
 
@@ -2274,7 +2274,7 @@ def _studies_tiny():
 def _control_every_mask_empty(tmp_path):
     import torch
 
-    from shortcutlab.control import deleted_signal_control
+    from shortcutlab.studies.control import deleted_signal_control
 
     crops, split = _studies_crops(masks=torch.zeros(8, 1, 16, 16, dtype=torch.bool))
     return deleted_signal_control(crops, split, delete="cell", config=_studies_tiny(), mask_name="mask")
@@ -2283,9 +2283,9 @@ def _control_every_mask_empty(tmp_path):
 STUDIES_CASES: list[Case] = [
     # every mask empty: nothing would be deleted, the control must not report a deletion
     Case("control-every-mask-empty", _control_every_mask_empty, _LitmusError, ("masks (mask)", "empty in all 8 crops", "--delete labels")),
-    Case("siblings-negative-pairs-api", lambda t: __import__("shortcutlab.siblings").siblings.run(
+    Case("siblings-negative-pairs-api", lambda t: __import__("shortcutlab.data.siblings").data.siblings.run(
         _sib_folder(t), _sib_folder(t, "b"), str(t / "out"), n_sheet=-3), ShortcutlabError, ("--pairs", "-3", ">= 0")),
-    Case("siblings-confirm-out-of-range", lambda t: __import__("shortcutlab.siblings").siblings.find_siblings(
+    Case("siblings-confirm-out-of-range", lambda t: __import__("shortcutlab.data.siblings").data.siblings.find_siblings(
         _np.zeros((1, 8, 8, 3), _np.uint8), _np.zeros((1, 8, 8, 3), _np.uint8), confirm=1.5), ShortcutlabError, ("--confirm", "1.5", "[-1, 1]")),
 ]
 
@@ -2324,7 +2324,7 @@ def test_cli_studies_names_the_culprit(command, argv, expected, tmp_path, capsys
 
 
 def test_control_counts_crops_with_an_empty_mask(tmp_path):
-    from shortcutlab.control import ControlWarning, deleted_signal_control
+    from shortcutlab.studies.control import ControlWarning, deleted_signal_control
 
     crops, split = _studies_crops()
     crops.masks[[1, 6]] = False  # one training and one test crop without a cell
@@ -2335,10 +2335,10 @@ def test_control_counts_crops_with_an_empty_mask(tmp_path):
 
 
 def test_one_class_table_warns_and_is_recorded_in_audit_litmus_and_control(tmp_path):
-    from shortcutlab.audit import audit
-    from shortcutlab.card import reporting_card
-    from shortcutlab.control import ControlWarning, deleted_signal_control
-    from shortcutlab.litmus import litmus
+    from shortcutlab.data.audit import audit
+    from shortcutlab.data.card import reporting_card
+    from shortcutlab.studies.control import ControlWarning, deleted_signal_control
+    from shortcutlab.studies.litmus import litmus
 
     crops, split = _studies_crops(labels="a" * 8)
     with pytest.warns(_SplitWarning, match="one class \\('a'\\)"):
@@ -2353,8 +2353,8 @@ def test_one_class_table_warns_and_is_recorded_in_audit_litmus_and_control(tmp_p
 
 
 def test_audit_of_an_all_train_split_warns_and_records_the_missing_test_side(tmp_path):
-    from shortcutlab.audit import audit
-    from shortcutlab.manifest import SplitManifest
+    from shortcutlab.data.audit import audit
+    from shortcutlab.data.manifest import SplitManifest
 
     crops, _ = _studies_crops()
     split = SplitManifest(_pd.DataFrame({"id": crops.table.ids, "split": ["train"] * 8}))
@@ -2365,7 +2365,7 @@ def test_audit_of_an_all_train_split_warns_and_records_the_missing_test_side(tmp
 
 
 def test_siblings_with_train_equal_to_test_warns_and_records_it(tmp_path):
-    from shortcutlab.siblings import run
+    from shortcutlab.data.siblings import run
 
     rng = _np.random.default_rng(3)
     folder = tmp_path / "same"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from shortcutlab.cli import main
-from shortcutlab.random_tables import random_table
+from shortcutlab.data.random_tables import random_table
 from conftest import CRIC
 
 CRIC_ARGS = [CRIC, "--parent", "image_id", "--label", "bethesda_system", "--id", "cell_id"]
@@ -115,7 +115,7 @@ def test_python_m_runs_the_command_line_of_this_checkout(tmp_path):
 
 
 def test_audit_writes_json_and_card_together_or_neither(tmp_path, monkeypatch):
-    import shortcutlab.card
+    import shortcutlab.data.card
 
     df = random_table(30, 3, 2, geometry=False, seed=1)
     df.to_csv(tmp_path / "t.csv", index=False)
@@ -123,7 +123,7 @@ def test_audit_writes_json_and_card_together_or_neither(tmp_path, monkeypatch):
     js, card = tmp_path / "a.json", tmp_path / "c.md"
     js.write_text("earlier figures")
     # The card fails while it is written (a character UTF-8 cannot hold stands in for a full disk).
-    monkeypatch.setattr(shortcutlab.card, "reporting_card", lambda result: "# card\n" + "\ud800")
+    monkeypatch.setattr(shortcutlab.data.card, "reporting_card", lambda result: "# card\n" + "\ud800")
     with pytest.raises(UnicodeEncodeError):
         main([*args, "--json", str(js), "--card", str(card)])
     assert js.read_text() == "earlier figures" and not card.exists()
@@ -161,7 +161,7 @@ def test_audit_reports_table_crops_missing_from_the_split(tmp_path, capsys):
 def test_a_file_system_failure_after_the_checks_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     import errno
 
-    from shortcutlab.manifest import SplitManifest
+    from shortcutlab.data.manifest import SplitManifest
 
     def disk_full(self, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))

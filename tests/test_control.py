@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from shortcutlab.control import (
+from shortcutlab.studies.control import (
     ControlWarning,
     centred_single_cell_share,
     crop_noise,
@@ -16,7 +16,7 @@ from shortcutlab.control import (
     reference_split,
     relabelled_crops,
 )
-from shortcutlab.litmus import LitmusError
+from shortcutlab.studies.litmus import LitmusError
 
 
 # ------------------------------------------------------------------------------ deleting the cell
@@ -89,9 +89,9 @@ def test_centred_single_cell_share_of_hand_made_masks():
 def test_control_warns_on_centred_single_cell_masks_and_not_on_all_cells_masks():
     import warnings
 
-    from shortcutlab.demo import _crops_from_synth
-    from shortcutlab.recipe import TrainConfig
-    from shortcutlab.splits import make_split
+    from shortcutlab.studies.demo import _crops_from_synth
+    from shortcutlab.models.recipe import TrainConfig
+    from shortcutlab.data.splits import make_split
     from shortcutlab.synth import SynthConfig, synthesize
 
     d = synthesize(SynthConfig(seed=0, fields_per_class=3, crop_size=16, field_size=48, mean_cells_per_field=5), workers=1)
@@ -159,8 +159,8 @@ def test_relabelling_breaks_the_association_between_old_and_new_labels():
 
 
 def test_relabelled_crops_keep_images_ids_and_order():
-    from shortcutlab.data import CropImages
-    from shortcutlab.table import CropTable
+    from shortcutlab.data.images import CropImages
+    from shortcutlab.data.table import CropTable
 
     t = CropTable.from_frame(pd.DataFrame({"id": list("abcdef"), "label": list("xyxyzz"), "parent": list("ppqqrr")}), id="id")
     crops = CropImages(torch.zeros(6, 3, 4, 4, dtype=torch.uint8), None, t)
@@ -171,9 +171,9 @@ def test_relabelled_crops_keep_images_ids_and_order():
 
 
 def test_reference_split_is_parent_disjoint_with_the_given_test_fraction():
-    from shortcutlab.audit import measure_split
-    from shortcutlab.random_tables import random_table
-    from shortcutlab.splits import crop_split
+    from shortcutlab.data.audit import measure_split
+    from shortcutlab.data.random_tables import random_table
+    from shortcutlab.data.splits import crop_split
     from conftest import table_from
 
     table = table_from(random_table(n_parents=200, seed=1))
@@ -185,10 +185,10 @@ def test_reference_split_is_parent_disjoint_with_the_given_test_fraction():
 
 
 def test_control_refuses_cell_deletion_without_masks_and_unknown_deletions():
-    from shortcutlab.data import CropImages
-    from shortcutlab.manifest import SplitManifest
-    from shortcutlab.recipe import TrainConfig
-    from shortcutlab.table import CropTable
+    from shortcutlab.data.images import CropImages
+    from shortcutlab.data.manifest import SplitManifest
+    from shortcutlab.models.recipe import TrainConfig
+    from shortcutlab.data.table import CropTable
 
     t = CropTable.from_frame(pd.DataFrame({"id": list("abcd"), "label": list("xyxy"), "parent": list("pqrs")}), id="id")
     crops = CropImages(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), None, t)
@@ -216,9 +216,9 @@ def _not_above_chance(r) -> bool:
 def _control(mechanism, delete):
     """The control on test_litmus's benchmark; `cell` deletes every cell in the crop (the
     all-cells masks), as `shortcutlab control` does by default on a synthetic benchmark."""
-    from shortcutlab.demo import _crops_from_synth
-    from shortcutlab.recipe import TrainConfig
-    from shortcutlab.splits import make_split
+    from shortcutlab.studies.demo import _crops_from_synth
+    from shortcutlab.models.recipe import TrainConfig
+    from shortcutlab.data.splits import make_split
     from shortcutlab.synth import SynthConfig, synthesize
 
     data = synthesize(SynthConfig(seed=0, fields_per_class=40, crop_size=32, field_size=128, mean_cells_per_field=4, mechanisms=(mechanism,)))

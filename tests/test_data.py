@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from shortcutlab import CropTable, TableError
-from shortcutlab.data import load_crops
+from shortcutlab.data.images import load_crops
 
 
 def png16(a: np.ndarray) -> bytes:

@@ -1,4 +1,4 @@
-"""Tests for shortcutlab.dedup: multi-index hashing against the all-pairs reference, parent
+"""Tests for shortcutlab.data.dedup: multi-index hashing against the all-pairs reference, parent
 merging against a hand-written union-find, and perceptual hashes against imagehash itself."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from PIL import Image
 from scipy.ndimage import gaussian_filter
 
-from shortcutlab import dedup
-from shortcutlab.dedup import (
+from shortcutlab.data import dedup
+from shortcutlab.data.dedup import (
     DedupResult,
     all_pairs_near_duplicates,
     hamming_distance,
@@ -341,7 +341,7 @@ def test_bad_hex_names_the_crop_id_when_given():
 
 
 def test_hashes_for_ids_reads_hex_and_integers_bit_for_bit():
-    from shortcutlab.dedup import hashes_for_ids
+    from shortcutlab.data.dedup import hashes_for_ids
 
     ids = ["a", "b", "c", "d"]
     got = hashes_for_ids(["00000000000000ff", 2**64 - 1, -1, np.uint64(5)], ids)

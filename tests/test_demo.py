@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from shortcutlab.demo import DemoConfig, leak_effects, run_demo
+from shortcutlab.studies.demo import DemoConfig, leak_effects, run_demo
 
 
 def test_tiny_demo_writes_consistent_tables(tmp_path):
@@ -44,9 +44,9 @@ def test_tiny_demo_writes_consistent_tables(tmp_path):
 
 
 def test_no_shared_pixel_subset_matches_brute_force_box_intersection():
-    from shortcutlab.audit import side_codes
-    from shortcutlab.demo import _crops_from_synth, _no_shared_pixels
-    from shortcutlab.splits import factorial_split
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.studies.demo import _crops_from_synth, _no_shared_pixels
+    from shortcutlab.data.splits import factorial_split
     from shortcutlab.synth import SynthConfig, synthesize
 
     crops = _crops_from_synth(synthesize(SynthConfig(seed=2, fields_per_class=15, crop_size=16, mechanisms="none")))
@@ -81,7 +81,7 @@ def _fake_rows(mechanisms, seed, cfg, out_dir):
 
 
 def test_effects_and_summary_match_hand_computed_values(tmp_path, monkeypatch):
-    import shortcutlab.demo as demo
+    import shortcutlab.studies.demo as demo
 
     monkeypatch.setattr(demo, "run_condition", _fake_rows)
     summary = run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False, report=False))
@@ -101,7 +101,7 @@ def test_effects_and_summary_match_hand_computed_values(tmp_path, monkeypatch):
 
 
 def test_a_failed_write_leaves_complete_tables_or_none(tmp_path, monkeypatch):
-    import shortcutlab.demo as demo
+    import shortcutlab.studies.demo as demo
 
     monkeypatch.setattr(demo, "run_condition", _fake_rows)
     real = pd.DataFrame.to_csv
@@ -133,7 +133,7 @@ def test_a_failed_write_leaves_complete_tables_or_none(tmp_path, monkeypatch):
 
 
 def test_a_failed_summary_leaves_no_effects_table(tmp_path, monkeypatch):
-    import shortcutlab.demo as demo
+    import shortcutlab.studies.demo as demo
 
     monkeypatch.setattr(demo, "run_condition", _fake_rows)
 
@@ -150,9 +150,9 @@ def test_the_demo_sweep_trains_exactly_what_a_direct_train_call_trains(tmp_path)
     """The demo runs as a sweep (benchmark written to PNG and read back, split and training
     as tasks); one cell trained directly from the in-memory benchmark, as the demo used to,
     gives the same test accuracy and logits."""
-    from shortcutlab.demo import _crops_from_synth, run_condition
-    from shortcutlab.recipe import TrainConfig, train
-    from shortcutlab.splits import factorial_split
+    from shortcutlab.studies.demo import _crops_from_synth, run_condition
+    from shortcutlab.models.recipe import TrainConfig, train
+    from shortcutlab.data.splits import factorial_split
     from shortcutlab.synth import SynthConfig, synthesize
 
     cfg = DemoConfig(fields_per_class=8, epochs=1, crop_size=16, seeds=(3,), progress=False, interventions=(), diagnostics=(), report=False)

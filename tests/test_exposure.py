@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from shortcutlab import ShortcutlabError, diversity_ratio, exposure, pixel_overlap, sibling_share, summarize
-from shortcutlab.overlap import has_overlapping_partner, overlap_counts, overlapping_pairs
-from shortcutlab.random_tables import random_table
+from shortcutlab.data.overlap import has_overlapping_partner, overlap_counts, overlapping_pairs
+from shortcutlab.data.random_tables import random_table
 from conftest import table_from
 
 

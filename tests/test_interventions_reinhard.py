@@ -28,11 +28,11 @@ from interventions import (
     unseen_field_targets,
 )
 from interventions.reinhard import FLAT_STD, lab_to_rgb, rgb_to_lab
-from shortcutlab.data import CropImages
-from shortcutlab.manifest import SplitManifest
-from shortcutlab.random_tables import random_table
-from shortcutlab.splits import FACTORIAL_CELLS, factorial_split, parent_split
-from shortcutlab.table import CropTable
+from shortcutlab.data.images import CropImages
+from shortcutlab.data.manifest import SplitManifest
+from shortcutlab.data.random_tables import random_table
+from shortcutlab.data.splits import FACTORIAL_CELLS, factorial_split, parent_split
+from shortcutlab.data.table import CropTable
 
 
 

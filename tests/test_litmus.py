@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from shortcutlab.data import CropImages
-from shortcutlab.litmus import POSITIONS, LitmusError, TransformedCrops, litmus, patch_coverage, patch_transforms
+from shortcutlab.data.images import CropImages
+from shortcutlab.studies.litmus import POSITIONS, LitmusError, TransformedCrops, litmus, patch_coverage, patch_transforms
 from shortcutlab.stats import against_chance, chance_level, cluster_bootstrap_interval
-from shortcutlab.table import CropTable
+from shortcutlab.data.table import CropTable
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -110,7 +110,7 @@ def test_cell_coverage_of_a_hand_made_mask():
 
 # ------------------------------------------------------------------------------ the issue's pattern
 def _bench(mechanism, seed=0):
-    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.studies.demo import _crops_from_synth
     from shortcutlab.synth import SynthConfig, synthesize
 
     # Background at strength 2, the strength examples/validity.yaml calibrated for it: at 1 the
@@ -134,8 +134,8 @@ def _not_above_chance(r) -> bool:
 def litmus_rows_for(mechanisms, seed=0) -> dict:
     """Top-left 8 px litmus rows under the crop and the parent split, keyed (mechanism,
     protocol); `seed` seeds the benchmark, the split and the training together."""
-    from shortcutlab.recipe import TrainConfig
-    from shortcutlab.splits import make_split
+    from shortcutlab.models.recipe import TrainConfig
+    from shortcutlab.data.splits import make_split
 
     out = {}
     for mechanism in mechanisms:
@@ -188,7 +188,7 @@ def test_litmus_without_a_planted_signature_is_near_chance_under_both_splits(lit
 
 
 def test_litmus_refuses_bad_positions_sizes_and_one_sided_splits():
-    from shortcutlab.manifest import SplitManifest
+    from shortcutlab.data.manifest import SplitManifest
 
     crops, _ = _quadrant_crops()
     split = SplitManifest(pd.DataFrame({"id": ["c0", "c1"], "split": ["train", "test"]}))

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from shortcutlab import ManifestHashError, SplitError, SplitManifest, content_hash, crop_split, ladder_split, verify
-from shortcutlab.random_tables import random_table
+from shortcutlab.data.random_tables import random_table
 from conftest import shuffled, table_from
 
 

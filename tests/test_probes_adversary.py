@@ -76,8 +76,8 @@ def test_a_single_class_is_refused() -> None:
 
 def test_remeasure_R_is_a_fresh_probe_on_the_models_features() -> None:
     from shortcutlab import CropTable
-    from shortcutlab.adapter import create_model, wrap
-    from shortcutlab.data import CropImages
+    from shortcutlab.models.adapter import create_model, wrap
+    from shortcutlab.data.images import CropImages
 
     torch.manual_seed(0)
     adapter = wrap(create_model("test_resnet", num_classes=2)).eval()

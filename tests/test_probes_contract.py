@@ -15,10 +15,10 @@ import torch
 
 import probes
 from probes import ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError
-from shortcutlab.adapter import create_model, wrap
-from shortcutlab.data import CropImages
-from shortcutlab.splits import parent_split
-from shortcutlab.table import CropTable
+from shortcutlab.models.adapter import create_model, wrap
+from shortcutlab.data.images import CropImages
+from shortcutlab.data.splits import parent_split
+from shortcutlab.data.table import CropTable
 
 
 def _crops(n_parents=12, per_parent=6, size=32, seed=0) -> CropImages:
@@ -43,7 +43,7 @@ def context():
     torch.manual_seed(0)
     crops = _crops()
     split = parent_split(crops.table, test_fraction=0.34, seed=0)
-    from shortcutlab.audit import side_codes
+    from shortcutlab.data.audit import side_codes
 
     side = side_codes(crops.table, split.cell())
     adapter = wrap(create_model("test_resnet", num_classes=3)).eval()

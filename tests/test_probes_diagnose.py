@@ -14,8 +14,8 @@ from scipy.stats import binomtest
 import probes
 from probes import DiagnosticError
 from shortcutlab import parent_split
-from shortcutlab.recipe import TrainConfig, load_manifest_table, train
-from shortcutlab.runs import RunError, load_run, load_run_data, read_record
+from shortcutlab.models.recipe import TrainConfig, load_manifest_table, train
+from shortcutlab.models.runs import RunError, load_run, load_run_data, read_record
 
 from test_recipe import _manifest
 
@@ -129,10 +129,10 @@ def test_unseen_field_targets_drive_the_f2_transfer():
     transferred crops' cell pixels take that field's LAB statistics (checked with skimage)."""
     from skimage.color import rgb2lab
 
-    from shortcutlab.splits import factorial_split
+    from shortcutlab.data.splits import factorial_split
     from shortcutlab.synth import SynthConfig, synthesize
-    from shortcutlab.demo import _crops_from_synth
-    from shortcutlab.audit import side_codes
+    from shortcutlab.studies.demo import _crops_from_synth
+    from shortcutlab.data.audit import side_codes
     import interventions
 
     crops = _crops_from_synth(synthesize(SynthConfig(fields_per_class=10, crop_size=32, field_size=128, seed=1)))

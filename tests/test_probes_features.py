@@ -15,8 +15,8 @@ from probes import extract_features
 from probes.base import DiagnosticError
 from probes.features import cache_key
 from shortcutlab import CropTable
-from shortcutlab.adapter import create_model, wrap
-from shortcutlab.data import CropImages
+from shortcutlab.models.adapter import create_model, wrap
+from shortcutlab.data.images import CropImages
 
 N, SIZE = 10, 32
 

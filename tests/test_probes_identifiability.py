@@ -23,8 +23,8 @@ from probes.identifiability import (
     remove_cell,
     sibling_folds,
 )
-from shortcutlab.adapter import wrap
-from shortcutlab.data import CropImages
+from shortcutlab.models.adapter import wrap
+from shortcutlab.data.images import CropImages
 from shortcutlab.synth import SynthConfig, synthesize
 
 
@@ -397,7 +397,7 @@ def test_diagnostic_bad_settings(kwargs, word) -> None:
 def test_random_init_cnn_features_under_noise_and_none() -> None:
     """A random-init timm test_resnet's pooled features also tell noise fields apart (less
     sharply than the pixel statistics)."""
-    from shortcutlab.adapter import create_model
+    from shortcutlab.models.adapter import create_model
 
     rows = {}
     for mech in ("noise", "none"):

@@ -175,7 +175,7 @@ def test_refit_head_folds_eraser_standardisation_and_head() -> None:
 
 
 def test_refit_head_installs_into_an_adapter_and_restores_it() -> None:
-    from shortcutlab.adapter import create_model, wrap
+    from shortcutlab.models.adapter import create_model, wrap
 
     torch.manual_seed(0)
     adapter = wrap(create_model("test_resnet", num_classes=3)).eval()

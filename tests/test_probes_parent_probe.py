@@ -14,7 +14,7 @@ from probes import ParentProbe, get, wilson_interval
 from probes.base import DiagnosticContext, DiagnosticError
 from probes.parent_probe import sibling_folds
 from shortcutlab import CropTable
-from shortcutlab.data import CropImages
+from shortcutlab.data.images import CropImages
 
 
 def planted(n_classes=3, parents_per_class=6, crops=60, dim=6, code_dim=2, strength=1.0, seed=0):

@@ -29,7 +29,7 @@ from probes.saliency import (
     randomized_head_check,
     spearman,
 )
-from shortcutlab.adapter import create_model, wrap
+from shortcutlab.models.adapter import create_model, wrap
 
 
 # ------------------------------------------------------------------------------ models
@@ -498,7 +498,7 @@ def test_vit_randomized_head_check_uses_autograd_and_restores():
 # ------------------------------------------------------------------------ diagnostic
 def _context(n_parents: int = 6, per: int = 4, size: int = 32):
     from shortcutlab import CropTable
-    from shortcutlab.data import CropImages
+    from shortcutlab.data.images import CropImages
 
     n = n_parents * per
     df = pd.DataFrame({

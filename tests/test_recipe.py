@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from shortcutlab import ShortcutlabError, TableError, parent_split
-from shortcutlab.recipe import TrainConfig, dann_lambda, load_manifest_table, random_resized_crop, train
+from shortcutlab.models.recipe import TrainConfig, dann_lambda, load_manifest_table, random_resized_crop, train
 
 FAST = dict(arch="test_resnet", epochs=1, batch_size=16)
 
@@ -58,10 +58,10 @@ def test_one_epoch_end_to_end_writes_the_run(tmp_path, tiny):
     assert set(meta["versions"]) >= {"torch", "timm", "shortcutlab"}
     assert meta["n_crops"]["test"] == 8 and 0 <= meta["accuracy"]["test"] <= 1
     # The saved weights reload into the same logits.
-    from shortcutlab.adapter import create_model, wrap
+    from shortcutlab.models.adapter import create_model, wrap
 
     model = create_model("test_resnet", num_classes=2, pretrained=str(run / "model.safetensors")).eval()
-    from shortcutlab.data import load_crops
+    from shortcutlab.data.images import load_crops
 
     crops = load_crops(load_manifest_table(man))
     x, _ = crops.float_batch(torch.arange(32))
@@ -97,7 +97,7 @@ def test_variants_masked_background_and_hook(tmp_path, tiny):
 
 
 def test_gradient_reversal_flips_and_scales_only_the_backbone_gradient():
-    from shortcutlab.recipe import _GradReverse
+    from shortcutlab.models.recipe import _GradReverse
 
     g = torch.Generator().manual_seed(0)
     feats = torch.randn(6, 5, generator=g, dtype=torch.float64)
@@ -117,7 +117,7 @@ def test_gradient_reversal_flips_and_scales_only_the_backbone_gradient():
 
 
 def test_each_step_reverses_the_adversary_gradient_with_the_dann_lambda_of_its_progress(tmp_path, tiny, monkeypatch):
-    import shortcutlab.recipe as recipe
+    import shortcutlab.models.recipe as recipe
 
     man, split = tiny
     real = recipe._GradReverse
@@ -150,7 +150,7 @@ def test_the_adversary_learns_to_name_the_parent(tmp_path, seed=0):
     seed): final-epoch adversary accuracy 0.65-0.86 against the bound 0.5 (twice chance; at
     chance, 25 crops give an SD of 0.09), final loss 0.34-0.59 of the chance loss against 0.75.
     The bounds were 0.6 and 0.6 before: seed 1 gave 0.654 and 0.591, a knife edge."""
-    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.studies.demo import _crops_from_synth
     from shortcutlab.synth import SynthConfig, synthesize
 
     # Each field has its own colour cast (the planted mechanism): the parent is visible.
@@ -226,7 +226,7 @@ def _numpy_moments(chunks):
 
 
 def test_precise_bn_one_layer_unequal_batches_any_order_match_numpy():
-    from shortcutlab.recipe import precise_batchnorm
+    from shortcutlab.models.recipe import precise_batchnorm
 
     # 600 values in three blocks with different means: the failure case of momentum=None,
     # which averaged the per-batch variances (0.018) instead of the whole variance (0.080).
@@ -261,7 +261,7 @@ def test_precise_bn_one_layer_unequal_batches_any_order_match_numpy():
 
 
 def test_precise_bn_conv_net_every_layer_gets_the_moments_of_its_inputs():
-    from shortcutlab.recipe import precise_batchnorm
+    from shortcutlab.models.recipe import precise_batchnorm
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(
@@ -290,7 +290,7 @@ def test_precise_bn_conv_net_every_layer_gets_the_moments_of_its_inputs():
 
 
 def test_precise_bn_failure_restores_the_running_statistics():
-    from shortcutlab.recipe import precise_batchnorm
+    from shortcutlab.models.recipe import precise_batchnorm
 
     bn = torch.nn.BatchNorm2d(2)
     bn.running_mean.fill_(3.0)
@@ -308,9 +308,9 @@ def test_precise_bn_failure_restores_the_running_statistics():
 
 
 def test_recalibrate_batchnorm_unequal_batches_match_numpy_and_ignore_crop_order(tiny):
-    from shortcutlab.adapter import create_model, wrap
-    from shortcutlab.data import load_crops
-    from shortcutlab.recipe import recalibrate_batchnorm
+    from shortcutlab.models.adapter import create_model, wrap
+    from shortcutlab.data.images import load_crops
+    from shortcutlab.models.recipe import recalibrate_batchnorm
 
     man, _ = tiny
     crops = load_crops(load_manifest_table(man))
@@ -444,7 +444,7 @@ def test_cli_trains_on_a_synthetic_benchmark_with_an_augmentation(tmp_path, caps
 
 
 def test_masked_background_is_the_background_removal_formula():
-    from shortcutlab.recipe import _mask_background
+    from shortcutlab.models.recipe import _mask_background
 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(3, 3, 10, 10, generator=g)
@@ -455,7 +455,7 @@ def test_masked_background_is_the_background_removal_formula():
 
 
 def test_a_missing_device_is_refused_before_any_work(tmp_path, tiny, monkeypatch):
-    from shortcutlab.recipe import resolve_device
+    from shortcutlab.models.recipe import resolve_device
 
     man, split = tiny
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -478,7 +478,7 @@ def test_a_missing_device_is_refused_before_any_work(tmp_path, tiny, monkeypatch
 
 
 def test_cuda_gets_the_cublas_workspace_before_cuda_starts(tmp_path, tiny, monkeypatch):
-    from shortcutlab.recipe import resolve_device
+    from shortcutlab.models.recipe import resolve_device
 
     man, split = tiny
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -518,7 +518,7 @@ def test_cuda_training_is_deterministic(tmp_path, tiny):
 @pytest.mark.device
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_precise_bn_on_cuda_matches_numpy():
-    from shortcutlab.recipe import precise_batchnorm
+    from shortcutlab.models.recipe import precise_batchnorm
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.ReLU(), torch.nn.Conv2d(6, 5, 3), torch.nn.BatchNorm2d(5)).cuda()
@@ -564,7 +564,7 @@ def test_a_failed_write_leaves_the_previous_run_and_no_temporary_files(tmp_path,
 
 
 def test_an_unwritable_run_folder_is_refused_before_training(tmp_path, tiny, monkeypatch):
-    import shortcutlab.recipe as recipe
+    import shortcutlab.models.recipe as recipe
     from shortcutlab.io import OutputError
 
     man, split = tiny

@@ -1,4 +1,4 @@
-"""Tests for shortcutlab.siblings: hashes against imagehash itself, the two-set linker against
+"""Tests for shortcutlab.data.siblings: hashes against imagehash itself, the two-set linker against
 brute force, precision/recall on held-out synthetic augmentations, P3 --invariant, the CLI."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 from scipy.ndimage import gaussian_filter
 
-from shortcutlab import dedup
-from shortcutlab.siblings import (
+from shortcutlab.data import dedup
+from shortcutlab.data.siblings import (
     TRANSFORMS,
     aligned_ssim,
     apply_transform,
@@ -205,7 +205,7 @@ def test_cli_on_folders_and_on_a_split_manifest(tmp_path, capsys):
 def test_detail_correlation_against_numpy_and_scikit_image():
     from skimage.filters import gaussian
 
-    from shortcutlab.siblings import detail_correlation
+    from shortcutlab.data.siblings import detail_correlation
 
     a, b = smooth_images(2, shape=(40, 40), seed=31)
     grey = lambda x: np.asarray(Image.fromarray(np.ascontiguousarray(x)).convert("L"), dtype=float)  # noqa: E731

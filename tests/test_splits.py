@@ -15,8 +15,8 @@ from shortcutlab import (
     make_split,
     parent_split,
 )
-from shortcutlab.audit import side_codes
-from shortcutlab.random_tables import random_table
+from shortcutlab.data.audit import side_codes
+from shortcutlab.data.random_tables import random_table
 from conftest import shuffled, table_from
 
 tables = st.builds(
@@ -260,7 +260,7 @@ def test_dedup_split_hashes_images(tmp_path):
     t=st.integers(0, 6),
 )
 def test_parent_dedup_keeps_every_linked_pair_on_one_side(seed, n_parents, n_copies, t):
-    from shortcutlab.dedup import all_pairs_near_duplicates
+    from shortcutlab.data.dedup import all_pairs_near_duplicates
 
     rng = np.random.default_rng(seed)
     df = random_table(n_parents, 4, 2, geometry=False, seed=seed)
@@ -293,8 +293,8 @@ def test_parent_split_class_shares_track_q_for_single_class_parents(df):
 
 
 def test_factorial_reserve_keeps_unseen_fields_and_leaves_the_default_design_alone():
-    from shortcutlab.audit import side_codes
-    from shortcutlab.demo import _crops_from_synth
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.studies.demo import _crops_from_synth
     from shortcutlab.synth import SynthConfig, synthesize
 
     import interventions
@@ -439,7 +439,7 @@ def _two_class_frame(n_a, n_b, parents_b=None):
 
 
 def test_single_parent_class_is_missing_from_one_side_and_said():
-    from shortcutlab.splits import SplitWarning
+    from shortcutlab.data.splits import SplitWarning
 
     t = table_from(_two_class_frame(60, 8, parents_b=1))
     with pytest.warns(SplitWarning, match="parent split: class 'b' has no crops on the (train|test) side"):
@@ -451,7 +451,7 @@ def test_single_parent_class_is_missing_from_one_side_and_said():
 
 
 def test_tiny_test_fraction_leaves_a_small_class_out_of_test_and_says_so(tmp_path):
-    from shortcutlab.splits import SplitWarning
+    from shortcutlab.data.splits import SplitWarning
 
     t = table_from(_two_class_frame(40, 4))
     # round(0.1 * 40) = 4 crops of 'a' go to test, round(0.1 * 4) = 0 of 'b'.
@@ -465,7 +465,7 @@ def test_tiny_test_fraction_leaves_a_small_class_out_of_test_and_says_so(tmp_pat
 
 
 def test_large_validation_share_takes_a_small_class_off_train_and_says_so():
-    from shortcutlab.splits import SplitWarning
+    from shortcutlab.data.splits import SplitWarning
 
     t = table_from(_two_class_frame(100, 3))
     # Class 'b': round(0.3 * 3) = 1 test and round(0.6 * 3) = 2 validation crops, none left to train.

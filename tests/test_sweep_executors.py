@@ -167,7 +167,7 @@ def test_get_executor_by_name():
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")
-    from shortcutlab.sweep.ray_executor import RayExecutor
+    from shortcutlab.sweep.executors.ray import RayExecutor
 
     with RayExecutor(num_cpus=2, num_gpus=1) as ex:  # the executor's own local start
         assert ray.is_initialized()
@@ -176,7 +176,7 @@ def ray_session():
 
 
 def ray_executor(**kw):
-    from shortcutlab.sweep.ray_executor import RayExecutor
+    from shortcutlab.sweep.executors.ray import RayExecutor
 
     return RayExecutor(**kw)
 
@@ -221,7 +221,7 @@ def test_ray_failure_names_the_task_and_the_original_cause(ray_session, tmp_path
 
 @pytest.mark.slow
 def test_ray_retries_a_task_whose_worker_died(ray_session, tmp_path):
-    from shortcutlab.sweep.ray_executor import WorkerDied
+    from shortcutlab.sweep.executors.ray import WorkerDied
 
     graph, ids = diamond(die_once="c")
     calls = run_with(ray_executor(max_retries=1), graph, tmp_path / "out")
@@ -254,7 +254,7 @@ def test_ray_reserves_each_tasks_resources(ray_session):
 
 @pytest.mark.slow
 def test_ray_refuses_a_task_no_node_can_hold_before_running_anything(ray_session, tmp_path):
-    from shortcutlab.sweep.ray_executor import RayExecutorError
+    from shortcutlab.sweep.executors.ray import RayExecutorError
 
     graph, ids = diamond()
     big = graph.add("train", {"name": "big"}, deps=[ids["a"]], resources={"cpu": 1, "gpu": 2})
@@ -269,7 +269,7 @@ def test_ray_refuses_a_task_no_node_can_hold_before_running_anything(ray_session
 def test_ray_names_a_task_function_the_workers_cannot_import(ray_session, tmp_path, monkeypatch):
     import sys
 
-    from shortcutlab.sweep.ray_executor import WorkerSetupError
+    from shortcutlab.sweep.executors.ray import WorkerSetupError
 
     (tmp_path / "late_tasks.py").write_text("def work(task):\n    return {}\n")
     monkeypatch.syspath_prepend(str(tmp_path))  # after Ray started: its workers do not see it
@@ -290,7 +290,7 @@ def test_ray_names_a_task_function_the_workers_cannot_import(ray_session, tmp_pa
 _CONNECTING_DRIVER = """
 import functools, json, sys
 import ray
-from shortcutlab.sweep.ray_executor import RayExecutor
+from shortcutlab.sweep.executors.ray import RayExecutor
 from test_sweep_executors import diamond, toy
 graph, ids = diamond()
 calls = []
@@ -393,7 +393,7 @@ def test_watch_parent_ends_a_process_whose_parent_is_gone():
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    from shortcutlab.sweep import executors
+    from shortcutlab.sweep.executors import local as executors
 
     proc = ctx.Process(target=_watch_then_sleep, args=(os.getpid() + 10**6,))
     proc.start()
@@ -406,7 +406,7 @@ def test_watch_parent_ends_a_process_whose_parent_is_gone():
 
 
 def _watch_then_sleep(parent_pid: int) -> None:
-    from shortcutlab.sweep import executors
+    from shortcutlab.sweep.executors import local as executors
 
     executors._set_pdeathsig = lambda: None
     executors._watch_parent(parent_pid, poll_s=0.05)

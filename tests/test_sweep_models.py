@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from shortcutlab.adapter import create_model
+from shortcutlab.models.adapter import create_model
 from shortcutlab.sweep.config import SweepConfigError, validate
 from shortcutlab.sweep.runner import run_sweep
 
@@ -38,8 +38,8 @@ def external(tmp_path_factory):
 
 
 def test_a_wrapped_model_is_scored_not_trained_on_the_common_test_set(external):
-    from shortcutlab.data import load_crops
-    from shortcutlab.recipe import load_manifest_table
+    from shortcutlab.data.images import load_crops
+    from shortcutlab.models.recipe import load_manifest_table
     from shortcutlab.sweep.tasks import read_result, task_dir
 
     d, model, out, summary = external

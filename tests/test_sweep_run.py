@@ -43,7 +43,7 @@ def tiny(tmp_path_factory):
 def test_predictions_match_the_trained_runs_logits(tiny):
     import torch
 
-    from shortcutlab.runs import load_run
+    from shortcutlab.models.runs import load_run
 
     out, summary = tiny
     assert summary["counts"] == {"synthesise": 1, "split": 1, "train": 2, "score": 2}
@@ -67,8 +67,8 @@ def test_predictions_match_the_trained_runs_logits(tiny):
         # greyscale by hand (BT.601 luma on all channels), scored by the reloaded model
         grey = g[g["intervention"] == "greyscale"].set_index("id")
         run = load_run(run_dir)
-        from shortcutlab.recipe import load_manifest_table
-        from shortcutlab.data import load_crops
+        from shortcutlab.models.recipe import load_manifest_table
+        from shortcutlab.data.images import load_crops
 
         crops = load_crops(load_manifest_table(run.record["data"]["manifest"]))
         rows = torch.as_tensor(np.searchsorted(crops.table.ids.astype(str), grey.index.to_numpy()))
@@ -190,7 +190,7 @@ def test_ray_executor_gives_the_tables_of_the_local_one(tiny, tmp_path):
     # the check: the same sweep on a local Ray instance (2 CPUs, started by the test)
     # and in process gives identical predictions and results tables
     pytest.importorskip("ray")
-    from shortcutlab.sweep.ray_executor import RayExecutor
+    from shortcutlab.sweep.executors.ray import RayExecutor
 
     local_out, _ = tiny
     out = str(tmp_path / "ray")

@@ -16,10 +16,10 @@ Example:
     '.../sweep-minimal/report/report.html'
 """
 
-from .build import build_report, validity_display
-from .folder import ModelRef, ReportError, SweepFolder
-from .readings import leak_reading, removal_verdict
-from .tables import validity_table
+from shortcutlab.report.build import build_report, validity_display
+from shortcutlab.report.folder import ModelRef, ReportError, SweepFolder
+from shortcutlab.report.readings import leak_reading, removal_verdict
+from shortcutlab.report.tables import validity_table
 
 __all__ = ["ModelRef", "ReportError", "SweepFolder", "build_report", "leak_reading", "removal_verdict", "validity_display",
            "validity_table"]

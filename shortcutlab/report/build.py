@@ -8,12 +8,12 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from ..io import OutputError, atomic_dir, claim_output_dir
-from . import readings as rd
-from .figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
-from .folder import ReportError, SweepFolder
-from .render import to_html, to_markdown
-from .tables import audit_card, dose_pairs, validity_table
+from shortcutlab.io import OutputError, atomic_dir, claim_output_dir
+from shortcutlab.report import readings as rd
+from shortcutlab.report.figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
+from shortcutlab.report.folder import ReportError, SweepFolder
+from shortcutlab.report.render import to_html, to_markdown
+from shortcutlab.report.tables import audit_card, dose_pairs, validity_table
 
 TITLE = "shortcutlab report"
 
@@ -120,12 +120,12 @@ def audit_section(folder: SweepFolder, results: pd.DataFrame | None) -> Section:
     reading = "; ".join(f"{', '.join(conds)}: {s}" for s, conds in groups.items()) + "."
     sec = Section(key, title, reading=reading, table=pd.DataFrame(rows), notes=notes)
     sec.notes.append("Audited on one seed's benchmark and split per condition (the lowest seed); sibling share = crops "
-                     "whose parent holds another crop; shares of test crops are measured on the split (shortcutlab.audit).")
+                     "whose parent holds another crop; shares of test crops are measured on the split (shortcutlab.data.audit).")
     return sec
 
 
 def _slopes(pairs: pd.DataFrame, n_boot: int, seed: int, level: float) -> pd.DataFrame | None:
-    from ..stats import dose_response
+    from shortcutlab.stats import dose_response
 
     if pairs.empty:
         return None
@@ -178,7 +178,7 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         OutputError: `out` is a file, or a folder holding a file shortcutlab did not write as
             a report (`io.claim_output_dir`).
     """
-    from ..stats import estimates
+    from shortcutlab.stats import estimates
 
     folder = SweepFolder(sweep_dir)
     out = os.path.abspath(os.fspath(out) if out is not None else os.path.join(folder.path, "report"))

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from . import readings as rd
-from .tables import dose_pairs, gradcam_rows, gradcam_summary, per_model_accuracy
+from shortcutlab.report import readings as rd
+from shortcutlab.report.tables import dose_pairs, gradcam_rows, gradcam_summary, per_model_accuracy
 
 DPI = 100
 
@@ -187,7 +187,7 @@ def dose_section(pred: pd.DataFrame, results: pd.DataFrame | None, slopes: pd.Da
         why = ("no leak model with an R row has a clean partner in the factorial" if has_r else
                "the results hold no parent-recoverability R (run the parent_probe or leace diagnostic)")
         return left_out(key, title, why)
-    from .tables import leace_rank
+    from shortcutlab.report.tables import leace_rank
 
     rank = leace_rank(results) or ""
     reading = rd.dose_reading(pairs.assign(), slopes, level, rank=rank)
@@ -271,7 +271,7 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
     import interventions
     from probes.saliency import gradcam, outside_mass
 
-    from ..runs import load_run, load_run_data
+    from shortcutlab.models.runs import load_run, load_run_data
 
     try:
         run = load_run(leak.run_dir, device=device)
@@ -333,7 +333,7 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
             xin = x
             cfg = r.record.get("config", {})
             if cfg.get("mask_background") and m is not None:
-                from ..recipe import _mask_background
+                from shortcutlab.models.recipe import _mask_background
 
                 xin = _mask_background(x, m, float(cfg.get("background_fill", 0.5)))
             maps = gradcam(r.adapter, xin.to(r.adapter.dtype)).detach().float().cpu()

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..errors import ShortcutlabError
-from ..paths import TASK_ID, check_id, inside, wrong_kind
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.paths import TASK_ID, check_id, inside, wrong_kind
 
 
 class ReportError(ShortcutlabError):
@@ -29,7 +29,7 @@ class ModelRef:
     Attributes:
         model: the model id (the `model` column of the tables).
         condition, arch, seed, exposure, cell: its key columns.
-        run_dir: its run folder (`shortcutlab.runs.load_run`), or None when not on disk.
+        run_dir: its run folder (`shortcutlab.models.runs.load_run`), or None when not on disk.
         manifest: the crop manifest CSV of its benchmark, or None.
         split: the split manifest CSV it was trained on, or None.
         columns: the crop manifest's columns (id, label, parent, image, mask), or None.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .readings import headline_arch, intervention_rows, moves_verdict, removal_verdict
+from shortcutlab.report.readings import headline_arch, intervention_rows, moves_verdict, removal_verdict
 
 PAIR_KEYS = ["condition", "arch", "diversity", "seed"]
 
@@ -135,7 +135,7 @@ def dose_pairs(pred: pd.DataFrame, results: pd.DataFrame | None, baseline: str =
     src = r_source(results)
     if src is None:
         return pd.DataFrame(columns=cols)
-    from ..stats import _factorial, _check_predictions
+    from shortcutlab.stats import _factorial, _check_predictions
 
     p = _check_predictions(pred)
     fac, _ = _factorial(p[p["intervention"] == baseline])
@@ -308,7 +308,7 @@ def audit_card(manifest: str, split: str, columns: dict | None = None, geometry:
                results: pd.DataFrame | None = None) -> dict:
     """The data's audit card for one benchmark and split: parents, crops, classes, split unit
     and protocol, and per cell of the split the test side's share with a training sibling
-    and with a pixel-overlapping training sibling (`shortcutlab.audit`).
+    and with a pixel-overlapping training sibling (`shortcutlab.data.audit`).
 
     Hook: where `results` holds rows of a ``siblings`` diagnostic (metric ``share``), their
     mean is added as ``siblings_share``.
@@ -318,9 +318,9 @@ def audit_card(manifest: str, split: str, columns: dict | None = None, geometry:
         holds another), protocol, unit, params, sha256, and cells: {cell: {n_test, n_train,
         test_parents, with_train_sibling, with_overlapping_train_sibling}}.
     """
-    from ..audit import audit
-    from ..manifest import SplitManifest
-    from ..table import CropTable
+    from shortcutlab.data.audit import audit
+    from shortcutlab.data.manifest import SplitManifest
+    from shortcutlab.data.table import CropTable
 
     c = {"id": "id", "label": "label", "parent": "parent", **(columns or {})}
     kw = {"box": "x,y,w,h"} if geometry else {}

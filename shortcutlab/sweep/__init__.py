@@ -6,7 +6,7 @@ again redoes only the tasks whose results are missing. Executors (`executors`) r
 in process, on a local process pool, or on a Ray cluster, with the same results.
 """
 
-from .graph import Task, TaskGraph, task_id
-from .executors import Executor, LocalExecutor, TaskFailed, get_executor
+from shortcutlab.sweep.graph import Task, TaskGraph, task_id
+from shortcutlab.sweep.executors import Executor, LocalExecutor, TaskFailed, get_executor
 
 __all__ = ["Task", "TaskGraph", "task_id", "Executor", "LocalExecutor", "TaskFailed", "get_executor"]

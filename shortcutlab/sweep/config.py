@@ -34,8 +34,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from ..errors import ShortcutlabError
-from ..paths import wrong_kind
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.paths import wrong_kind
 
 
 class SweepConfigError(ShortcutlabError):
@@ -310,7 +310,7 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None, limits: Ma
     raw = ck.keys("", raw, TOP_KEYS, REQUIRED)
     device = ck.typed("device", raw.get("device", "cpu"), (str,), "a device name such as 'cpu' or 'cuda'")
     try:
-        from ..recipe import resolve_device
+        from shortcutlab.models.recipe import resolve_device
 
         resolve_device(device)
     except ShortcutlabError as e:
@@ -371,13 +371,13 @@ def planned_tasks(raw: Mapping) -> int:
     Parts not yet checked count as one."""
     import inspect
 
-    from ..splits import _PROTOCOLS
+    from shortcutlab.data.splits import _PROTOCOLS
 
     data = raw.get("data")
     n_cond, synth = 1, 0
     if isinstance(data, Mapping) and "synthetic" in data:
         s = data["synthetic"] if isinstance(data["synthetic"], Mapping) else {}
-        from ..synth import MECHANISMS
+        from shortcutlab.synth import MECHANISMS
 
         mech = s.get("mechanisms", list(MECHANISMS))
         n_cond = max(len(mech), 1) if isinstance(mech, list) else 1
@@ -449,7 +449,7 @@ def _data(ck: _Checker, value: Any, base_dir: str) -> tuple[Condition, ...]:
 
 
 def _synthetic(ck: _Checker, value: Any) -> tuple[Condition, ...]:
-    from ..synth import MECHANISMS, NONE, SynthConfig
+    from shortcutlab.synth import MECHANISMS, NONE, SynthConfig
 
     s = ck.keys("data.synthetic", {} if value is None else value, SYNTH_KEYS)
     mech = s.pop("mechanisms", list(MECHANISMS))
@@ -567,7 +567,7 @@ def _manifest(ck: _Checker, value: Any, base_dir: str) -> Condition:
 def _split(ck: _Checker, value: Any) -> tuple[tuple[str, ...], tuple[dict, ...]]:
     import inspect
 
-    from ..splits import _PROTOCOLS, available_protocols
+    from shortcutlab.data.splits import _PROTOCOLS, available_protocols
 
     if isinstance(value, str):
         value = {"protocol": value}
@@ -609,7 +609,7 @@ def _split(ck: _Checker, value: Any) -> tuple[tuple[str, ...], tuple[dict, ...]]
                 if x is not None:
                     ck.typed(p, x, (int, float), "a number")
     # each protocol takes the parameters it accepts (test_fraction is shared by crop and parent)
-    from ..splits import check_params
+    from shortcutlab.data.splits import check_params
 
     settings: list[dict] = []
     for protocol in protocols:
@@ -629,7 +629,7 @@ def _split(ck: _Checker, value: Any) -> tuple[tuple[str, ...], tuple[dict, ...]]
 
 
 def _cells(ck: _Checker, value: Any, protocols, split_params) -> tuple[str, ...] | None:
-    from ..splits import FACTORIAL_CELLS
+    from shortcutlab.data.splits import FACTORIAL_CELLS
 
     protocol = next((p for p in protocols if p in ("factorial", "ladder")), protocols[0])
     split_params = [sp for sp in split_params if sp["protocol"] == protocol]
@@ -688,7 +688,7 @@ def _data_classes(cond: Condition) -> list[str]:
     import pandas as pd
 
     if cond.kind == "synthetic":
-        from ..synth import SynthConfig
+        from shortcutlab.synth import SynthConfig
 
         return list(SynthConfig.from_dict({**cond.params, "seed": 0}).labels)
     col = cond.params["label"]
@@ -700,8 +700,8 @@ def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) 
     """A model trained elsewhere: a timm architecture, a local state dict and the class names in
     the model's logit order. Checked here: the file, the architecture, the classes against
     every data condition's labels, and that the weights load into the architecture."""
-    from ..adapter import ModelError, create_model
-    from .tasks import file_sha256
+    from shortcutlab.models.adapter import ModelError, create_model
+    from shortcutlab.sweep.tasks import file_sha256
 
     bad = next((k for k in entry if k not in WRAP_KEYS), None)
     if bad is not None:
@@ -745,7 +745,7 @@ def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) 
 
 
 def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[ModelSpec, ...]:
-    from ..recipe import TrainConfig
+    from shortcutlab.models.recipe import TrainConfig
 
     entries = value if isinstance(value, list) else [value]
     if not entries:

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from ..errors import ShortcutlabError
+from shortcutlab.errors import ShortcutlabError
 
 
 class GraphError(ShortcutlabError):

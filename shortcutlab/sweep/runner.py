@@ -25,12 +25,12 @@ from typing import Any
 
 import pandas as pd
 
-from ..errors import ShortcutlabError
-from ..io import atomic_files, check_writable, claim_output_dir, read_json_object, write_json, write_marker
-from ..paths import wrong_kind
-from .config import SweepConfig, load_config
-from .executors import Executor, LocalExecutor
-from .tasks import KINDS, Plan, TaskRunner, build_plan, is_done, read_result, task_dir
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.io import atomic_files, check_writable, claim_output_dir, read_json_object, write_json, write_marker
+from shortcutlab.paths import wrong_kind
+from shortcutlab.sweep.config import SweepConfig, load_config
+from shortcutlab.sweep.executors import Executor, LocalExecutor
+from shortcutlab.sweep.tasks import KINDS, Plan, TaskRunner, build_plan, is_done, read_result, task_dir
 
 #: the key columns of every model, in the tables' order
 KEY_COLUMNS = ("model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity")
@@ -52,7 +52,7 @@ def versions() -> dict:
         except md.PackageNotFoundError:
             continue
     if "shortcutlab" not in out:
-        from .. import __version__
+        from shortcutlab.version import __version__
 
         out["shortcutlab"] = __version__
     return out
@@ -245,7 +245,7 @@ def gather(out_dir: str, plan: Plan) -> dict[str, str]:
 
     from probes.base import ROW_COLUMNS
 
-    from ..stats import wilson_interval
+    from shortcutlab.stats import wilson_interval
 
     preds, results, splits = [], [], {}
     keys, shas, n_pred, n_res = [], [], [], []
@@ -336,7 +336,7 @@ def read_predictions(out_dir: str) -> pd.DataFrame:
     if missing:
         path = os.path.join(os.fspath(out_dir), "predictions.parquet")
         raise SweepError(f"{path!r} lacks the columns {', '.join(missing)}; it was not written by `shortcutlab sweep`")
-    from ..stats import StatsError, correct_as_float
+    from shortcutlab.stats import StatsError, correct_as_float
 
     path = os.path.join(os.fspath(out_dir), "predictions.parquet")
     if len(pred) == 0:
@@ -357,7 +357,7 @@ def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0) -> pd.Dat
     Raises:
         SweepError: the folder is missing or holds no readable predictions.parquet.
     """
-    from ..stats import estimates
+    from shortcutlab.stats import estimates
 
     pred = read_predictions(out_dir)
     results = _read_parquet(out_dir, "results", required=False)

@@ -24,9 +24,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from ..io import atomic_dir, to_json
-from .config import SweepConfig
-from .graph import Task, TaskGraph
+from shortcutlab.io import atomic_dir, to_json
+from shortcutlab.sweep.config import SweepConfig
+from shortcutlab.sweep.graph import Task, TaskGraph
 
 KINDS = ("synthesise", "split", "train", "score", "diagnose")
 SCORE_BATCH = 256
@@ -139,7 +139,7 @@ def build_plan(cfg: SweepConfig) -> Plan:
 def wrapped_model_id(wrap: dict, split_id: str) -> str:
     """The `model` of a model trained elsewhere, scored on one split: a hash of its weights,
     architecture, classes and the split (one scoring unit per split, as a trained model is)."""
-    from .graph import task_id
+    from shortcutlab.sweep.graph import task_id
 
     return task_id("wrapped", {k: wrap[k] for k in ("arch", "classes", "weights_sha256")}, [split_id])
 
@@ -167,14 +167,14 @@ def _model_tasks(cfg, g: TaskGraph, key: dict, inputs: dict, deps: list, seed: i
 
 
 def _checkpoint_key(path: str) -> dict:
-    from ..manifest import read_sidecar
-    from ..runs import read_record, weights_path
-    from .graph import task_id
+    from shortcutlab.data.manifest import read_sidecar
+    from shortcutlab.models.runs import read_record, weights_path
+    from shortcutlab.sweep.graph import task_id
 
     rec = read_record(path)
     weights = weights_path(path, rec)
     if not os.path.isfile(weights):
-        from ..runs import RunError
+        from shortcutlab.models.runs import RunError
 
         raise RunError(f"run folder {path!r} has no model weights ({os.path.basename(weights)} is missing)")
     sha = file_sha256(weights)
@@ -235,7 +235,7 @@ def _split_files(root: str, split_id: str) -> tuple[dict, str]:
 
 
 def _manifest_path(root: str, res: dict) -> str:
-    from ..paths import inside
+    from shortcutlab.paths import inside
 
     p = res["manifest"]  # a benchmark the sweep made is recorded relative and lies inside it
     if os.path.isabs(p):
@@ -245,7 +245,7 @@ def _manifest_path(root: str, res: dict) -> str:
 
 
 def _table(root: str, res: dict, box: bool = False):
-    from ..table import CropTable
+    from shortcutlab.data.table import CropTable
 
     c = res["columns"]
     kw = {"box": "x,y,w,h"} if box and res.get("geometry") else {}
@@ -254,7 +254,7 @@ def _table(root: str, res: dict, box: bool = False):
 
 
 def _run_synthesise(task: Task, root: str, tmp: str, final: str) -> dict:
-    from ..synth import SynthConfig, synthesize, write_synth
+    from shortcutlab.synth import SynthConfig, synthesize, write_synth
 
     threads = max(1, int(task.resources.get("cpu", 1)))
     data = synthesize(SynthConfig.from_dict(task.params["synth"]), workers=threads)
@@ -263,7 +263,7 @@ def _run_synthesise(task: Task, root: str, tmp: str, final: str) -> dict:
 
 
 def _run_split(task: Task, root: str, tmp: str, final: str) -> dict:
-    from ..splits import make_split
+    from shortcutlab.data.splits import make_split
 
     p = task.params
     data = p["data"]
@@ -274,7 +274,7 @@ def _run_split(task: Task, root: str, tmp: str, final: str) -> dict:
                "columns": {"id": "id", "label": "label", "parent": "parent", "image": "path", "mask": "mask"}}
     else:
         if file_sha256(data["path"]) != data["sha256"]:
-            from ..errors import ShortcutlabError
+            from shortcutlab.errors import ShortcutlabError
 
             raise ShortcutlabError(f"crop manifest {data['path']!r} changed since the sweep was planned; start the sweep again")
         res = {"manifest": data["path"], "geometry": False, "columns": {k: data[k] for k in ("id", "label", "parent", "image", "mask")}}
@@ -285,7 +285,7 @@ def _run_split(task: Task, root: str, tmp: str, final: str) -> dict:
 
 
 def _run_train(task: Task, root: str, tmp: str, final: str) -> dict:
-    from ..recipe import TrainConfig, train
+    from shortcutlab.models.recipe import TrainConfig, train
 
     p = task.params
     res, split_path = _split_files(root, p["inputs"]["split"])
@@ -310,10 +310,10 @@ def _context(task: Task, root: str):
     import probes
     from probes.base import DiagnosticContext
 
-    from ..audit import side_codes
-    from ..data import load_crops
-    from ..manifest import SplitManifest
-    from ..runs import load_run, load_run_data
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.data.images import load_crops
+    from shortcutlab.data.manifest import SplitManifest
+    from shortcutlab.models.runs import load_run, load_run_data
 
     p = task.params
     inputs = p["inputs"]
@@ -340,7 +340,7 @@ def _context(task: Task, root: str):
     cfg = run.record.get("config", {})
     preprocess = None
     if cfg.get("mask_background"):
-        from ..recipe import _mask_background
+        from shortcutlab.models.recipe import _mask_background
 
         fill = float(cfg.get("background_fill", 0.5))
         preprocess = lambda x, m: _mask_background(x, m, fill)  # noqa: E731 (scored as trained)
@@ -359,9 +359,9 @@ def _wrapped_run(wrap: dict, classes: list[str]):
     name): the classifier's rows are reordered when the model's logit order differs."""
     import torch
 
-    from ..adapter import create_model, wrap as wrap_model
-    from ..errors import ShortcutlabError
-    from ..runs import Run
+    from shortcutlab.models.adapter import create_model, wrap as wrap_model
+    from shortcutlab.errors import ShortcutlabError
+    from shortcutlab.models.runs import Run
 
     if file_sha256(wrap["weights"]) != wrap["weights_sha256"]:
         raise ShortcutlabError(f"weights file {wrap['weights']!r} changed since the sweep was planned; start the sweep again")

@@ -29,7 +29,7 @@ that runs can repeat on the same GPU and software (`benchmarks/gpu_check.py` che
 results differ across GPU models).
 
 Example:
-    >>> from shortcutlab.recipe import TrainConfig, train        # doctest: +SKIP
+    >>> from shortcutlab.models.recipe import TrainConfig, train        # doctest: +SKIP
     >>> record = train("bench/manifest.csv", "split.csv", "runs/a", TrainConfig(arch="test_resnet", epochs=5))
 """
 
@@ -50,13 +50,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .data import CropImages, load_crops
-from .errors import ShortcutlabError
-from .grad_reverse import GradReverse as _GradReverse  # module attribute: tests spy on it
-from .grad_reverse import dann_lambda
-from .io import OutputError, atomic_files, claim_output_dir, read_json_object, to_json, write_marker, write_text
-from .manifest import SplitManifest
-from .table import CropTable
+from shortcutlab.data.images import CropImages, load_crops
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.models.grad_reverse import GradReverse as _GradReverse  # module attribute: tests spy on it
+from shortcutlab.models.grad_reverse import dann_lambda
+from shortcutlab.io import OutputError, atomic_files, claim_output_dir, read_json_object, to_json, write_marker, write_text
+from shortcutlab.data.manifest import SplitManifest
+from shortcutlab.data.table import CropTable
 
 Augmentation = Callable[..., torch.Tensor]
 
@@ -222,7 +222,7 @@ def _mask_background(x: torch.Tensor, mask: torch.Tensor | None, fill: float) ->
 def _versions() -> dict:
     import timm
 
-    from . import __version__
+    from shortcutlab.version import __version__
 
     return {
         "shortcutlab": __version__,
@@ -526,7 +526,7 @@ def _is_legacy_run(out: str) -> bool:
 
 def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:
     """Read a crop manifest (as written by `shortcutlab synth`): id, path, [mask], label, parent."""
-    from .paths import need_file
+    from shortcutlab.paths import need_file
 
     need_file(path, "crop manifest")
     try:
@@ -569,8 +569,8 @@ def train(
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    from .audit import side_codes
-    from .adapter import create_model, wrap
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.models.adapter import create_model, wrap
 
     t0 = time.perf_counter()
     # Before anything can start CUDA (CUBLAS_WORKSPACE_CONFIG) and before any work is done.

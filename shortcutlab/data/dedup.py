@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse
 from scipy.sparse.csgraph import connected_components
 
-from .errors import ShortcutlabError, TableError
+from shortcutlab.errors import ShortcutlabError, TableError
 
 __all__ = [
     "DedupResult",
@@ -771,7 +771,7 @@ def link_parents_dihedral(parent_codes: np.ndarray, variant_hashes: np.ndarray, 
     Args:
         parent_codes: (N,) parent of each crop.
         variant_hashes: (N, K) uint64: column 0 the crop's own hash, columns 1.. its transforms
-            (`shortcutlab.siblings.dihedral_hashes` gives K = 8).
+            (`shortcutlab.data.siblings.dihedral_hashes` gives K = 8).
         max_distance: Hamming threshold in bits, 0..32.
 
     Returns:

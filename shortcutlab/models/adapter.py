@@ -49,7 +49,7 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from .errors import ShortcutlabError
+from shortcutlab.errors import ShortcutlabError
 
 __all__ = ["InputError", "ModelAdapter", "ModelError", "TokenLayout", "create_model", "reinit_parameters", "wrap"]
 
@@ -853,7 +853,7 @@ def create_model(name: str, num_classes: int, pretrained: str | os.PathLike | No
     if pretrained is not None:
         path = os.fspath(pretrained)
         if not os.path.isfile(path):
-            from .paths import wrong_kind
+            from shortcutlab.paths import wrong_kind
 
             where = os.path.dirname(os.path.abspath(path))
             raise ModelError(

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field, replace
 import pandas as pd
 import torch
 
-from .data import CropImages
-from .io import atomic_files, check_writable, claim_output_dir, write_csv, write_json, write_marker
-from .splits import FACTORIAL_CELLS, factorial_split
-from .table import CropTable
+from shortcutlab.data.images import CropImages
+from shortcutlab.io import atomic_files, check_writable, claim_output_dir, write_csv, write_json, write_marker
+from shortcutlab.data.splits import FACTORIAL_CELLS, factorial_split
+from shortcutlab.data.table import CropTable
 
 
 @dataclass(frozen=True)
@@ -168,10 +168,10 @@ def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_d
     ``<condition>_seed<seed>/`` links to the benchmark, the split and each cell's run folder,
     so that ``shortcutlab diagnose <condition>_seed0/leak-low`` works as before.
     """
-    from .manifest import SplitManifest
-    from .sweep.config import validate
-    from .sweep.runner import run_sweep
-    from .sweep.tasks import build_plan, read_result, task_dir
+    from shortcutlab.data.manifest import SplitManifest
+    from shortcutlab.sweep.config import validate
+    from shortcutlab.sweep.runner import run_sweep
+    from shortcutlab.sweep.tasks import build_plan, read_result, task_dir
 
     scfg = validate(sweep_config(mechanisms, seed, cfg), source="demo")
     root = os.path.abspath(os.path.join(out_dir, "sweep"))
@@ -223,8 +223,8 @@ def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_d
 def _no_shared_pixels(table: CropTable, split) -> dict[str, set]:
     """Per diversity level, the ids of common-test crops that share no pixel with any training
     crop of that level's leak cell (the paper's exploratory pixel-free subset)."""
-    from .audit import side_codes
-    from .overlap import has_overlapping_partner
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.data.overlap import has_overlapping_partner
 
     out = {}
     for level in ("high", "low"):
@@ -255,7 +255,7 @@ def leak_effects(results: pd.DataFrame) -> pd.DataFrame:
 
 def demo_files(cfg: DemoConfig) -> list[str]:
     """What `run_demo` writes in its folder (``name/``: a folder it owns whole)."""
-    from .sweep.config import validate
+    from shortcutlab.sweep.config import validate
 
     conditions = [tuple(cfg.mechanisms)] + ([("none",)] if cfg.controls else [])
     cond = ["+".join(validate(sweep_config(m, s, cfg), source="demo").conditions[0].params["mechanisms"]) + f"_seed{s}/"
@@ -266,7 +266,7 @@ def demo_files(cfg: DemoConfig) -> list[str]:
 def _is_legacy_demo(out: str) -> bool:
     """A demo folder written before output markers: its summary.json is a demo's, or its
     sweep/ folder is a sweep (a demo stopped before its summary)."""
-    from .sweep.runner import _is_legacy_sweep
+    from shortcutlab.sweep.runner import _is_legacy_sweep
 
     try:
         with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
@@ -328,9 +328,9 @@ def finish_sweep(out_dir: str, cfg: DemoConfig) -> dict:
     Returns:
         `build_report`'s paths (``html`` is the report).
     """
-    from .report import build_report
-    from .sweep.config import validate
-    from .sweep.runner import run_sweep
+    from shortcutlab.report import build_report
+    from shortcutlab.sweep.config import validate
+    from shortcutlab.sweep.runner import run_sweep
 
     scfg = validate(full_sweep_config(cfg), source="demo")
     root = os.path.abspath(os.path.join(out_dir, "sweep"))

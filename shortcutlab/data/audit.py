@@ -7,8 +7,8 @@ the class balance of every side.
 
 Example:
     >>> import pandas as pd
-    >>> from shortcutlab.table import CropTable
-    >>> from shortcutlab.splits import crop_split
+    >>> from shortcutlab.data.table import CropTable
+    >>> from shortcutlab.data.splits import crop_split
     >>> df = pd.DataFrame({"id": range(6), "label": list("ababab"), "parent": [0, 0, 0, 1, 1, 1]})
     >>> t = CropTable.from_frame(df, id="id")
     >>> r = audit(t, split=crop_split(t, test_fraction=0.5, seed=1))
@@ -23,11 +23,11 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from .errors import SplitError
-from .exposure import summarize
-from .manifest import SIDES, SplitManifest
-from .overlap import has_overlapping_partner
-from .table import CropTable
+from shortcutlab.errors import SplitError
+from shortcutlab.data.exposure import summarize
+from shortcutlab.data.manifest import SIDES, SplitManifest
+from shortcutlab.data.overlap import has_overlapping_partner
+from shortcutlab.data.table import CropTable
 
 
 def sibling_exposure(parent_codes: np.ndarray, query: np.ndarray, train: np.ndarray) -> float:
@@ -123,7 +123,7 @@ def pixel_sibling_shares(table: CropTable, split: SplitManifest, cell: str | Non
     """Reference 002's sibling check on a split's images: per cell, the share of test crops
     with a training crop within `threshold` bits of the 64-bit pHash under the eight flips and
     right-angle rotations whose aligned detail correlates >= `siblings.DEFAULT_CONFIRM`
-    (`shortcutlab.siblings`; the hash alone links look-alike distinct crops).
+    (`shortcutlab.data.siblings`; the hash alone links look-alike distinct crops).
 
     Args:
         table: a table with an image column (paths relative to the table's folder or `root`).
@@ -139,8 +139,8 @@ def pixel_sibling_shares(table: CropTable, split: SplitManifest, cell: str | Non
     """
     import os
 
-    from .errors import TableError
-    from .siblings import DEFAULT_CONFIRM, DEFAULT_THRESHOLD, ImageSet, check_threshold, hash_image_set, search_confirmed
+    from shortcutlab.errors import TableError
+    from shortcutlab.data.siblings import DEFAULT_CONFIRM, DEFAULT_THRESHOLD, ImageSet, check_threshold, hash_image_set, search_confirmed
 
     if not table.has_images:
         raise TableError("the pixel-sibling share needs the crops' images: give the table an image column (--image COL)")
@@ -204,11 +204,11 @@ def audit(
         SplitWarning: the table holds one class; the split (a cell) has no training or no
             test crops (also listed in ``result["warnings"]``).
     """
-    from .errors import ShortcutlabError
+    from shortcutlab.errors import ShortcutlabError
 
     if augmentation is not None and augmentation not in AUGMENTATION_ORDERS:
         raise ShortcutlabError(f"augmentation order must be one of {', '.join(AUGMENTATION_ORDERS)}; got {augmentation!r}")
-    from .splits import SplitWarning
+    from shortcutlab.data.splits import SplitWarning
 
     result = summarize(table, test_fraction).to_dict()
     result["source"] = table.source

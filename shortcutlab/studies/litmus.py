@@ -3,7 +3,7 @@
 Reference 004 cuts 20 x 20 px patches from five fixed positions of every image (the four
 corners and the centre), trains a classifier on the patches alone and finds accuracies far
 above chance: a patch that holds no diagnostic content can only carry acquisition bias. Here
-the test runs under a given split: for each position the recipe (`shortcutlab.recipe.train`)
+the test runs under a given split: for each position the recipe (`shortcutlab.models.recipe.train`)
 is trained on that patch only, and its test accuracy is set against chance with a binomial
 interval. Under a parent-disjoint split no test crop's acquisition was seen in training, so
 every position should score near chance; under a split that lets siblings cross (crop-level),
@@ -30,7 +30,7 @@ pixel). A model that recognises a parent answers its siblings together, so the e
 sample is nearer the number of test parents than of crops: read the cluster interval.
 
 Example:
-    >>> from shortcutlab.litmus import litmus                                # doctest: +SKIP
+    >>> from shortcutlab.studies.litmus import litmus                                # doctest: +SKIP
     >>> res = litmus(crops, split, positions=("top_left", "centre"), size=20,
     ...              config=TrainConfig(arch="test_resnet", epochs=20, lr=1e-3))
     >>> res.frame()[["position", "accuracy", "chance", "ci_low", "above_chance"]]
@@ -48,11 +48,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .data import CropImages
-from .errors import ShortcutlabError
-from .manifest import SplitManifest
-from .recipe import TrainConfig, train
-from .stats import against_chance, chance_level
+from shortcutlab.data.images import CropImages
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.data.manifest import SplitManifest
+from shortcutlab.models.recipe import TrainConfig, train
+from shortcutlab.stats import against_chance, chance_level
 
 POSITIONS: tuple[str, ...] = ("top_left", "top_right", "bottom_left", "bottom_right", "centre")
 
@@ -66,7 +66,7 @@ class TransformedCrops(CropImages):
     """Crops that pass through a fixed, deterministic transform whenever a batch is drawn.
 
     ``float_batch`` returns ``transform(x, m)`` (and ``mask_transform(m)`` for the mask), so
-    `shortcutlab.recipe.train` trains and scores on the transformed crops without a second
+    `shortcutlab.models.recipe.train` trains and scores on the transformed crops without a second
     copy of the images in memory. The transform must not draw random numbers.
 
     Attributes:
@@ -90,7 +90,7 @@ class TransformedCrops(CropImages):
 
 def check_split_sides(crops: CropImages, split: SplitManifest, cell: str | None, what: str) -> np.ndarray:
     """(N,) side codes of the split on the crops; a split without a training or test side is refused."""
-    from .audit import side_codes
+    from shortcutlab.data.audit import side_codes
 
     side = side_codes(crops.table, split.cell(cell))
     where = f" (cell {cell!r})" if cell else ""
@@ -160,7 +160,7 @@ def score_row(fit: dict, seed: int = 0) -> dict:
     benchmark a parent split's corner patch scored 0.247 against chance 0.333 with a Wilson
     interval of [0.185, 0.321], from 150 crops of 36 parents).
     """
-    from .stats import cluster_bootstrap_interval
+    from shortcutlab.stats import cluster_bootstrap_interval
 
     y, p = fit["test_labels"], fit["test_pred"]
     row = against_chance(int((y == p).sum()), len(y), chance_level(y, fit["n_classes"]))
@@ -268,7 +268,7 @@ def litmus(crops: CropImages, split: SplitManifest, positions: Sequence[str] = P
     """Train the recipe on one fixed patch per position and score each against chance.
 
     Args:
-        crops: the crops (`shortcutlab.data.load_crops`), with masks for the coverage.
+        crops: the crops (`shortcutlab.data.images.load_crops`), with masks for the coverage.
         split: a split manifest; its training side trains, its test side is scored.
         positions: any of `POSITIONS` (default all five).
         size: patch side in pixels (reference 004: 20); must fit inside the crops.
@@ -296,7 +296,7 @@ def litmus(crops: CropImages, split: SplitManifest, positions: Sequence[str] = P
     if note:
         import warnings
 
-        from .splits import SplitWarning
+        from shortcutlab.data.splits import SplitWarning
 
         warnings.warn(note, SplitWarning, stacklevel=2)
         notes.append(note)

@@ -42,7 +42,7 @@ Two ways to delete the signal:
   nothing there.)
 
 Rows, one per split (``split`` = ``given`` or ``parent``): the fields of
-`shortcutlab.litmus.score_row` (accuracy, k, n, chance = largest class share of the scored
+`shortcutlab.studies.litmus.score_row` (accuracy, k, n, chance = largest class share of the scored
 test labels, Wilson interval, above_chance, p_value, training accuracy) plus the split's
 protocol and SHA-256.
 """
@@ -56,11 +56,11 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .data import CropImages
-from .litmus import LitmusError, TransformedCrops, check_split_sides, one_class_note, retrain_and_score, score_row
-from .manifest import SplitManifest
-from .recipe import TrainConfig
-from .table import CropTable
+from shortcutlab.data.images import CropImages
+from shortcutlab.studies.litmus import LitmusError, TransformedCrops, check_split_sides, one_class_note, retrain_and_score, score_row
+from shortcutlab.data.manifest import SplitManifest
+from shortcutlab.models.recipe import TrainConfig
+from shortcutlab.data.table import CropTable
 
 DELETIONS: tuple[str, ...] = ("cell", "labels")
 FILLS: tuple[str, ...] = ("constant", "mean", "noise")
@@ -198,8 +198,8 @@ def relabelled_crops(crops: CropImages, seed: int = 0) -> CropImages:
 def reference_split(table: CropTable, split: SplitManifest, cell: str | None = None, seed: int | None = None) -> SplitManifest:
     """A parent-disjoint split of the same table: the given split's test fraction (its
     ``test_fraction`` parameter, else its measured test share) and seed (else 0)."""
-    from .audit import side_codes
-    from .splits import make_split
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.data.splits import make_split
 
     q = split.params.get("test_fraction") if split.protocol != "factorial" else None
     if not isinstance(q, (int, float)) or not 0 < q < 1:

@@ -9,7 +9,7 @@ split would have.
 Its first section holds reference 002's four reporting items: acquisitions counted (parents,
 not crops), whether the split came before or after augmentation (declared by the user: the
 table cannot show it), the split unit, and the pixel-sibling share (test crops with a flipped,
-rotated or re-exposed copy among the training crops, from `shortcutlab.siblings`, when the
+rotated or re-exposed copy among the training crops, from `shortcutlab.data.siblings`, when the
 table has images).
 """
 
@@ -81,7 +81,7 @@ def reporting_card(result: dict) -> str:
     """Render an `audit` result as Markdown.
 
     Args:
-        result: the dict returned by `shortcutlab.audit.audit`.
+        result: the dict returned by `shortcutlab.data.audit.audit`.
 
     Returns:
         Markdown text.
@@ -168,7 +168,7 @@ def _code(text) -> str:
 
 def _warning_lines(r: dict) -> list[str]:
     """The audit's degenerate cases (one class, a side without crops), escaped: they quote labels."""
-    from .report.render import md_escape
+    from shortcutlab.report.render import md_escape
 
     if not r.get("warnings"):
         return []

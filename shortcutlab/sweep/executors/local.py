@@ -1,22 +1,10 @@
-"""Executors run a list of tasks (dependencies first) with a task function.
+"""`LocalExecutor`: runs a sweep's tasks in this process or a pool of spawned processes.
 
-The contract, shared by every executor:
-
-- ``run(tasks, fn, on_done=None)``: ``tasks`` is a list of `Task` in a topological order whose
-  ``deps`` name only tasks of the same list (finished tasks are left out beforehand, see
-  `TaskGraph.subgraph`). ``fn(task)`` is a picklable module-level function that does the
-  task, writes its outputs atomically itself, and returns a small JSON-able dict. A task
-  starts only after all its deps returned. ``on_done(task, result)`` is called in the calling
-  process as each task finishes (progress bars, bookkeeping).
-- On a failure, no new task is started, the ones already running are allowed to finish (their
-  ``on_done`` is still called), and `TaskFailed` is raised naming the task and the cause.
-- ``fn`` must be deterministic given the task: whichever executor runs it, the outputs are the
-  same.
-
-`LocalExecutor(workers=1)` runs in this process; ``workers=N`` uses a process pool (spawned
-processes, so it is safe with torch) whose workers exit when the process that started them
-dies, even by SIGKILL (`_watch_parent`). `get_executor` builds one by name.
+``workers=1`` runs in this process; ``workers=N`` uses a process pool (spawned processes, so it
+is safe with torch) whose workers exit when the process that started them dies, even by
+SIGKILL (`_watch_parent`). The contract it follows is in `shortcutlab.sweep.executors.base`.
 """
+
 
 from __future__ import annotations
 
@@ -26,39 +14,11 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Sequence
 
-from ..errors import ShortcutlabError
-from .graph import Task
-
-TaskFn = Callable[[Task], dict]
-DoneFn = Callable[[Task, dict], None]
-
-
-class TaskFailed(ShortcutlabError):
-    """A task of a sweep failed; ``task`` is the Task and ``cause`` the original exception."""
-
-    def __init__(self, task: Task, cause: BaseException) -> None:
-        self.task, self.cause = task, cause
-        super().__init__(f"{task.kind} task {task.id} failed: {type(cause).__name__}: {cause}")
-
-
-class Executor(Protocol):
-    name: str
-
-    def run(self, tasks: Sequence[Task], fn: TaskFn, on_done: DoneFn | None = None) -> None: ...
-
-
-def _check_order(tasks: Sequence[Task]) -> None:
-    seen: set[str] = set()
-    ids = {t.id for t in tasks}
-    for t in tasks:
-        for d in t.deps:
-            if d not in ids:
-                raise ValueError(f"task {t.id} depends on {d}, which is not in the list (drop finished deps with TaskGraph.subgraph)")
-            if d not in seen:
-                raise ValueError(f"task {t.id} comes before its dependency {d}: tasks must be in a topological order")
-        seen.add(t.id)
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.sweep.executors.base import DoneFn, TaskFailed, TaskFn, check_order
+from shortcutlab.sweep.graph import Task
 
 
 #: seconds between a worker's checks that its parent is alive
@@ -137,7 +97,7 @@ class LocalExecutor:
 
     def run(self, tasks: Sequence[Task], fn: TaskFn, on_done: DoneFn | None = None) -> None:
         tasks = list(tasks)
-        _check_order(tasks)
+        check_order(tasks)
         if self.workers == 1:
             for t in tasks:
                 try:
@@ -180,14 +140,3 @@ class LocalExecutor:
                         on_done(t, result)
         if failure is not None:
             raise failure from failure.cause
-
-
-def get_executor(name: str = "local", **options: Any) -> Executor:
-    """An executor by name: 'local' (options: workers) or 'ray' (options: address, ...)."""
-    if name == "local":
-        return LocalExecutor(**options)
-    if name == "ray":
-        from .ray_executor import RayExecutor
-
-        return RayExecutor(**options)
-    raise ShortcutlabError(f"unknown executor {name!r}; expected 'local' or 'ray'")

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .errors import ShortcutlabError, TableError
-from .overlap import overlap_counts
-from .table import CropTable
+from shortcutlab.errors import ShortcutlabError, TableError
+from shortcutlab.data.overlap import overlap_counts
+from shortcutlab.data.table import CropTable
 
 
 def _check_q(q: float) -> float:

@@ -23,7 +23,7 @@ install shortcutlab on every node or pass ``runtime_env`` (e.g. ``{"py_modules":
 or ``{"working_dir": ".", "pip": [...]}``).
 
 Example:
-    >>> from shortcutlab.sweep.ray_executor import RayExecutor        # doctest: +SKIP
+    >>> from shortcutlab.sweep.executors.ray import RayExecutor        # doctest: +SKIP
     >>> RayExecutor(num_cpus=2).run(graph.ordered(), run_task)        # doctest: +SKIP
     >>> with RayExecutor(address="auto") as ex:                       # one connection, many runs
     ...     ex.run(first, run_task); ex.run(second, run_task)         # doctest: +SKIP
@@ -39,9 +39,9 @@ import socket
 import sys
 from typing import Any, Mapping, Sequence
 
-from ..errors import ShortcutlabError
-from .executors import DoneFn, TaskFailed, TaskFn, _check_order
-from .graph import Task
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.sweep.executors.base import DoneFn, TaskFailed, TaskFn, check_order
+from shortcutlab.sweep.graph import Task
 
 _INSTALL = 'pip install "shortcutlab[ray]"'
 
@@ -258,7 +258,7 @@ class RayExecutor:
     def run(self, tasks: Sequence[Task], fn: TaskFn, on_done: DoneFn | None = None) -> None:
         """Run `tasks` (a topological order) with `fn` on Ray; see the module docstring."""
         tasks = list(tasks)
-        _check_order(tasks)
+        check_order(tasks)
         if not tasks:
             return
         started = self._connect()

@@ -14,7 +14,7 @@ but warned about (`SplitWarning`, one line per class and side) and listed in the
 
 Example:
     >>> import pandas as pd
-    >>> from shortcutlab.table import CropTable
+    >>> from shortcutlab.data.table import CropTable
     >>> df = pd.DataFrame({"id": range(8), "label": list("aabbaabb"), "parent": [0, 0, 1, 1, 2, 2, 3, 3]})
     >>> m = parent_split(CropTable.from_frame(df, id="id"), test_fraction=0.5, seed=0)
     >>> m.report["test_share"]
@@ -32,10 +32,10 @@ import pandas as pd
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
-from .errors import ShortcutlabError, SplitError
-from .exposure import _check_q
-from .manifest import SplitManifest
-from .table import CropTable
+from shortcutlab.errors import ShortcutlabError, SplitError
+from shortcutlab.data.exposure import _check_q
+from shortcutlab.data.manifest import SplitManifest
+from shortcutlab.data.table import CropTable
 
 
 class SplitWarning(UserWarning):
@@ -164,7 +164,7 @@ def check_params(protocol: str, **params) -> None:
         if "unit" in a:
             _check_unit(a["unit"])
         if "max_distance" in a:
-            from .dedup import _check_distance
+            from shortcutlab.data.dedup import _check_distance
 
             _check_distance(a["max_distance"])
 
@@ -434,7 +434,7 @@ def _hashes_by_id(table: CropTable, hashes) -> np.ndarray:
     its positions need not be the caller's rows, and a misaligned hash links unrelated parents
     while a real duplicate pair crosses the split.
     """
-    from . import dedup
+    from shortcutlab.data import dedup
 
     ids = table.ids
     if isinstance(hashes, str):
@@ -503,7 +503,7 @@ def dedup_split(
         max_distance: Hamming threshold (bits) under which two crops are near-duplicates.
         invariant: link a crop also to flipped and right-angle rotated copies of another
             (``min_g d(h(g x_i), h(x_j))`` over the eight dihedral transforms, as
-            `shortcutlab.siblings`); needs the crop images (the image column), since the
+            `shortcutlab.data.siblings`); needs the crop images (the image column), since the
             transformed hashes cannot be derived from stored 64-bit hashes.
         Other arguments as in `parent_split`.
 
@@ -521,7 +521,7 @@ def dedup_split(
         >>> m.report["parents_after_merge"]   # p and q merge: crops b and a are 1 bit apart
         3
     """
-    from . import dedup
+    from shortcutlab.data import dedup
 
     q, v = _check_fractions(test_fraction, val_fraction)
     _check_unit(unit)
@@ -532,7 +532,7 @@ def dedup_split(
                 "parent-dedup with invariant=True (--invariant) hashes the crop images under flips and rotations: "
                 "give an image column (--image COL), not stored hashes"
             )
-        from .siblings import dihedral_hashes, read_image
+        from shortcutlab.data.siblings import dihedral_hashes, read_image
 
         ids = table.ids
         variants = dihedral_hashes([read_image(p, ids[k]) for k, p in enumerate(table.frame["image"].tolist())])
@@ -619,7 +619,7 @@ def ladder_split(
     keys = _rng(seed, _CROP_KEYS).random(table.n_crops)
     names = np.array(["train", "val", "test"], dtype=object)
     frames, rep = [], {"levels": {}, "empty_class_sides": []}
-    from .audit import sibling_exposure
+    from shortcutlab.data.audit import sibling_exposure
 
     for f in sorted(levels):
         crossing_p = rank < int(round(f * P))
@@ -935,7 +935,7 @@ def factorial_split(
 
 def _check_factorial(table, masks, test, is_test_parent, targets) -> dict:
     """Verify the design's matching constraints; raise if any fails; return the counts."""
-    from .audit import sibling_exposure
+    from shortcutlab.data.audit import sibling_exposure
 
     crop_parent, labels, C = table.parent_codes, table.label_codes, table.n_classes
     rep: dict = {"cells": {}}

@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .errors import TableError, first_rows
+from shortcutlab.errors import TableError, first_rows
 
 ColumnSpec = str | Sequence[str] | None
 
@@ -329,7 +329,7 @@ class CropTable:
     @cached_property
     def overlap_pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """Index pairs (i, j) of sibling crops whose boxes intersect (see `overlap`), cached."""
-        from .overlap import overlapping_pairs
+        from shortcutlab.data.overlap import overlapping_pairs
 
         return overlapping_pairs(self.parent_codes, self.boxes)
 

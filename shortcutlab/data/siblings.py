@@ -20,7 +20,7 @@ Each of the eight columns is then exactly ``imagehash.phash`` of the transformed
 
 **Linking.** A test image t and a training image r are siblings when
 ``min_g d(h(t), h(g r)) <= threshold`` over the eight transforms g: every training image enters
-the multi-index of `shortcutlab.dedup` eight times (`near_duplicates_between`), so the search
+the multi-index of `shortcutlab.data.dedup` eight times (`near_duplicates_between`), so the search
 never compares all pairs.
 
 **Confirmation.** A hash candidate counts as a sibling only when the fine detail of the
@@ -52,7 +52,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ShortcutlabError
+from shortcutlab.errors import ShortcutlabError
 
 __all__ = [
     "DEFAULT_CONFIRM",
@@ -422,7 +422,7 @@ def search_hashes(train_hashes: np.ndarray, test_variants: np.ndarray, threshold
         A `SiblingResult` without SSIM. Ties: smallest distance, then smallest training index,
         then transform order.
     """
-    from .dedup import near_duplicate_batches_between
+    from shortcutlab.data.dedup import near_duplicate_batches_between
 
     t = check_threshold(threshold)
     train_hashes = np.asarray(train_hashes, dtype=np.uint64).reshape(-1)
@@ -553,7 +553,7 @@ def candidate_pairs(train_hashes: np.ndarray, test_variants: np.ndarray, thresho
         (i, j, d, g) int64 arrays, one entry per pair with its smallest distance d and the
         first transform g reaching it, sorted by (i, d, j).
     """
-    from .dedup import near_duplicate_batches_between
+    from shortcutlab.data.dedup import near_duplicate_batches_between
 
     t = check_threshold(threshold)
     train_hashes = np.asarray(train_hashes, dtype=np.uint64).reshape(-1)
@@ -749,7 +749,7 @@ def calibration_set(seed: int = 0, fields_per_class: int = 50) -> CalibrationSet
     crops of one half are the sources, each augmented with every entry of AUGMENTATIONS; the
     crops of the other half (every class, so also distinct crops of the sources' classes) are
     the distinct test crops, which should link to nothing."""
-    from .synth import SynthConfig, synthesize
+    from shortcutlab.synth import SynthConfig, synthesize
 
     data = synthesize(SynthConfig(seed=seed, fields_per_class=fields_per_class))
     images = data.images.permute(0, 2, 3, 1).numpy()
@@ -803,7 +803,7 @@ def calibrate_threshold(seeds: Sequence[int] = (0, 1), thresholds: Sequence[int]
         {"threshold": t, "rule": ..., "table": [pooled precision_recall per threshold],
         "distances_to_source": {augmentation: histogram of the invariant distance to the source}}.
     """
-    from .dedup import hamming_distance
+    from shortcutlab.data.dedup import hamming_distance
 
     counts = {t: {"correct": 0, "called": 0, "copies": 0, "false_distinct": 0} for t in thresholds}
     hist = {n: np.zeros(16, dtype=np.int64) for n in AUGMENTATIONS}
@@ -853,9 +853,9 @@ class ImageSet:
 
 def read_image(path: str, image_id: str) -> np.ndarray:
     """(H, W, 3) uint8 pixels of one image file (16-bit grey scaled as `data.load_crops`)."""
-    from .data import _read_crop
+    from shortcutlab.data.images import _read_crop
 
-    from .paths import need_file
+    from shortcutlab.paths import need_file
 
     need_file(path, "image file", SiblingError, f" (id {image_id!r})")
     return _read_crop(path, image_id)
@@ -863,7 +863,7 @@ def read_image(path: str, image_id: str) -> np.ndarray:
 
 def images_in_folder(folder: str) -> ImageSet:
     """Every image file under `folder`, recursively (png, jpg, tif, bmp), ids = relative paths."""
-    from .paths import need_folder
+    from shortcutlab.paths import need_folder
 
     need_folder(folder, "image folder", SiblingError)
     found = []
@@ -924,7 +924,7 @@ def resolve_inputs(train: str, test: str | None, image: str = "path", id: str = 
         split_path, crops_path = (train, test) if split_first else (test, train)
         if os.path.isdir(crops_path) or _is_split_manifest(crops_path, image):
             raise SiblingError(f"split manifest {split_path!r} needs the crop manifest CSV its ids refer to (with an image column {image!r}); got {crops_path!r}")
-        from .manifest import SplitManifest
+        from shortcutlab.data.manifest import SplitManifest
 
         rows = SplitManifest.read(split_path).cell(cell)
         crops = _read_csv(crops_path)
@@ -977,7 +977,7 @@ def contact_sheet(pairs: Sequence[tuple[np.ndarray, np.ndarray, str]], path: str
     """
     from PIL import Image, ImageDraw
 
-    from .io import atomic_path
+    from shortcutlab.io import atomic_path
 
     cap, head, gap = 14, 18, 6
     rows = max(1, math.ceil(len(pairs) / columns))
@@ -1014,8 +1014,8 @@ def run(train: str, test: str | None, out: str, *, threshold: int | None = None,
 
     import pandas as pd
 
-    from .io import atomic_files, to_json
-    from .splits import SplitWarning
+    from shortcutlab.io import atomic_files, to_json
+    from shortcutlab.data.splits import SplitWarning
 
     t = DEFAULT_THRESHOLD if threshold is None else check_threshold(threshold)
     ssim_min = check_ssim_min(ssim_min)
@@ -1053,7 +1053,7 @@ def run(train: str, test: str | None, out: str, *, threshold: int | None = None,
         "n_hash_siblings": int(found.sum()),
         "threshold": t,
         "threshold_source": "--threshold" if threshold is not None else
-            "default: max min(precision, recall) on the synthetic augmentations (shortcutlab.siblings.calibrate_threshold)",
+            "default: max min(precision, recall) on the synthetic augmentations (shortcutlab.data.siblings.calibrate_threshold)",
         "ssim_min": ssim_min,
         "confirm": confirm,
         "confirm_rule": None if confirm is None else

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import TableError
-from .paths import wrong_kind
-from .table import CropTable
+from shortcutlab.errors import TableError
+from shortcutlab.paths import wrong_kind
+from shortcutlab.data.table import CropTable
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,8 +20,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from .errors import ManifestHashError, SplitError, first_rows
-from .io import atomic_files, to_json
+from shortcutlab.errors import ManifestHashError, SplitError, first_rows
+from shortcutlab.io import atomic_files, to_json
 
 Side = Literal["train", "val", "test"]
 SIDES: tuple[str, ...] = ("train", "val", "test")
@@ -134,7 +134,7 @@ class SplitManifest:
 
     def metadata(self) -> dict:
         """JSON-ready sidecar content."""
-        from . import __version__
+        from shortcutlab.version import __version__
 
         return {
             "protocol": self.protocol,

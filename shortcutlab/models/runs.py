@@ -7,7 +7,7 @@ downloading anything, and `load_run_data` reloads its crops and split, checking 
 hash against the one the run recorded.
 
 Example:
-    >>> from shortcutlab.runs import load_run, load_run_data      # doctest: +SKIP
+    >>> from shortcutlab.models.runs import load_run, load_run_data      # doctest: +SKIP
     >>> run = load_run("runs/leak-low")
     >>> crops, split, side = load_run_data(run)
 """
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ShortcutlabError
-from .paths import inside, need_folder, wrong_kind
+from shortcutlab.errors import ShortcutlabError
+from shortcutlab.paths import inside, need_folder, wrong_kind
 
 
 class RunError(ShortcutlabError):
@@ -118,13 +118,13 @@ def load_run(run_dir: str | os.PathLike, device: str | None = None) -> Run:
     """Rebuild the trained model of a run folder (architecture from run.json, local weights).
 
     Args:
-        run_dir: a folder written by `shortcutlab train` (or `shortcutlab.recipe.train`).
+        run_dir: a folder written by `shortcutlab train` (or `shortcutlab.models.recipe.train`).
         device: torch device for the model (default: CPU).
 
     Raises:
         RunError: no run.json, no model.safetensors, or weights that do not fit the architecture.
     """
-    from .adapter import create_model, wrap
+    from shortcutlab.models.adapter import create_model, wrap
 
     run_dir = os.fspath(run_dir)
     record = read_record(run_dir)
@@ -150,10 +150,10 @@ def load_run_data(run: Run, manifest: str | None = None, split: str | None = Non
         RunError: the run does not record its data and none was given, or the split's hash
             differs from the one the run was trained on.
     """
-    from .audit import side_codes
-    from .data import load_crops
-    from .manifest import SplitManifest
-    from .recipe import load_manifest_table
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.data.images import load_crops
+    from shortcutlab.data.manifest import SplitManifest
+    from shortcutlab.models.recipe import load_manifest_table
 
     data = run.record.get("data") or {}
     manifest = manifest or data.get("manifest")

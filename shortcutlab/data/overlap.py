@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import TableError
+from shortcutlab.errors import TableError
 
 _MAX_PAIRS_PER_CHUNK = 4_000_000
 

@@ -1,0 +1,11 @@
+"""The model layer: any torch classifier wrapped, trained and loaded as a run.
+
+Modules, one idea each:
+
+- `adapter`: `wrap` / `ModelAdapter` / `create_model`, one interface over timm models and any
+  `nn.Module` with explicit layers;
+- `recipe`: `train` / `TrainConfig`, the training recipe, and the run folder it writes;
+- `runs`: `Run`, how a trained run is loaded and scores its crops;
+- `devices`: `resolve_device`, which device a run uses and how it is prepared;
+- `grad_reverse`: the gradient-reversal layer used by the adversaries.
+"""
