@@ -19,7 +19,8 @@ Parent recoverability R (a within-class, held-out-sibling logistic probe) is `Pa
 """
 
 from .adversary import AdversaryCheck, LinearAdversary, LinearAdversaryDiagnostic, adversary_check, remeasure_R
-from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError, DiagnosticWarning, row
+from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, row
+from .errors import DiagnosticError, DiagnosticWarning
 from .features import extract_features, weights_hash
 from .identifiability import GroupIdentifiability, GroupIdentifiabilityDiagnostic, remove_cell
 from .leace import ErasureCheck, HeadRefit, LeaceDiagnostic, LeaceErasure, erasure_check, refit_head

@@ -53,11 +53,12 @@ import torch.nn.functional as F
 
 from shortcutlab.models.grad_reverse import dann_lambda, grad_reverse
 
-from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
-from ._logistic import standardise, torch_threads
-from .base import DiagnosticContext, DiagnosticError, row
-from .leace import _as_numpy
-from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, clone_probe, fitted_probe, require
+from .before_after import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
+from .logistic import standardise, torch_threads
+from .base import DiagnosticContext, row
+from .errors import DiagnosticError
+from .parent_probe import ParentProbe, check_features, clone_probe, fitted_probe, require
+from .validation import as_numpy, bad, check_int, check_positive
 from .registry import register
 
 __all__ = ["AdversaryCheck", "LinearAdversary", "LinearAdversaryDiagnostic", "adversary_check", "remeasure_R"]
@@ -108,15 +109,15 @@ class LinearAdversary:
     def _check_params(self) -> None:
         owner = type(self).__name__
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not (math.isfinite(self.weight) and self.weight >= 0):
-            raise _bad(owner, "weight", "a finite number >= 0", self.weight)
-        _check_int(owner, "steps", self.steps, 1)
+            raise bad(owner, "weight", "a finite number >= 0", self.weight)
+        check_int(owner, "steps", self.steps, 1)
         if self.batch_size is not None:
-            _check_int(owner, "batch_size", self.batch_size, 1)
+            check_int(owner, "batch_size", self.batch_size, 1)
         for name in ("lr", "C", "C_adv"):
-            _check_positive(owner, name, getattr(self, name))
+            check_positive(owner, name, getattr(self, name))
         if self.schedule not in ("dann", "constant"):
-            raise _bad(owner, "schedule", "'dann' or 'constant'", self.schedule)
-        _check_int(owner, "random_state", self.random_state, 0)
+            raise bad(owner, "schedule", "'dann' or 'constant'", self.schedule)
+        check_int(owner, "random_state", self.random_state, 0)
 
     def fit(self, X, labels, parents) -> "LinearAdversary":
         """Train map, class head and parent head on these crops.
@@ -203,7 +204,7 @@ class LinearAdversary:
     def _check_fitted(self, X) -> np.ndarray:
         if not hasattr(self, "map_weight_"):
             raise DiagnosticError("LinearAdversary used before fit")
-        X = _as_numpy(X)
+        X = as_numpy(X)
         if X.ndim != 2 or X.shape[1] != self.n_features_in_:
             raise DiagnosticError(f"LinearAdversary was fitted on {self.n_features_in_} features; got shape {X.shape}")
         return X
@@ -234,7 +235,7 @@ class AdversaryCheck(CheckOutcome):
             training with weight 0.
         probe_before, probe_after, R_before, R_after, floor, above_floor_before,
             above_floor_after, removed_share, check_on, cost, min_removed, max_cost, passed:
-            as `probes._check.CheckOutcome` (probe_after: on mapped features).
+            as `probes.before_after.CheckOutcome` (probe_after: on mapped features).
         accuracy_before, accuracy_after: test-set name -> class accuracy of the baseline's /
             the adversary's head.
         adversary_accuracy: the parent head's own training accuracy (for contrast only).
@@ -361,14 +362,14 @@ class LinearAdversaryDiagnostic(CheckDiagnostic):
         try:
             self.weights = tuple(weights)
         except TypeError:
-            raise _bad("linear_adversary", "weights", "a list of adversary weights (finite numbers >= 0)", weights) from None
+            raise bad("linear_adversary", "weights", "a list of adversary weights (finite numbers >= 0)", weights) from None
         if not self.weights:
-            raise _bad("linear_adversary", "weights", "a non-empty list of adversary weights (finite numbers >= 0)", weights)
+            raise bad("linear_adversary", "weights", "a non-empty list of adversary weights (finite numbers >= 0)", weights)
         self.adversary_params = dict(steps=steps, batch_size=batch_size, lr=lr, C_adv=C_adv)
         for w in self.weights:  # every weight and training setting, checked here, before any work
             LinearAdversary(weight=w, **self.adversary_params)._check_params()
         if not isinstance(cross_fit, (bool, np.bool_)):
-            raise _bad("linear_adversary", "cross_fit", "True or False", cross_fit)
+            raise bad("linear_adversary", "cross_fit", "True or False", cross_fit)
         self.cross_fit = cross_fit
         self._check_settings(test_sets=test_sets, check_on=check_on, min_removed=min_removed, max_cost=max_cost, n_folds=n_folds,
                              Cs=Cs, random_state=random_state)

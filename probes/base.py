@@ -29,46 +29,18 @@ Example:
 from __future__ import annotations
 
 import abc
-import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 
-from shortcutlab.errors import ShortcutlabError
+from .errors import DiagnosticError
 
 #: The columns every diagnostic row has, in this order.
 ROW_COLUMNS = ("run_id", "diagnostic", "setting", "metric", "value", "ci_low", "ci_high", "n")
 
 NEEDS = frozenset({"features", "masks", "head", "split"})
-
-
-class DiagnosticError(ShortcutlabError):
-    """A diagnostic got input it cannot use; the message names the diagnostic and the cause."""
-
-
-@contextlib.contextmanager
-def eval_mode(adapter) -> Iterator[None]:
-    """Run the block with every module of the adapter in eval mode; put back each module's own
-    train / eval flag on exit, also after an error.
-
-    In training mode a forward pass updates batch-norm running statistics (and draws dropout):
-    a diagnostic would change the user's model and depend on the batch. Every forward pass of
-    the diagnostics on the user's model runs inside this (features, predictions, Grad-CAM).
-    """
-    modes = [(m, m.training) for m in adapter.modules()]
-    adapter.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-
-
-class DiagnosticWarning(UserWarning):
-    """A diagnostic's input is valid but degenerate (crops it cannot probe, features that carry
-    nothing); the result records it too."""
 
 
 def row(ctx: "DiagnosticContext | None", diagnostic: str, metric: str, value: float, *, setting: str = "",

@@ -29,7 +29,8 @@ import pandas as pd
 
 from shortcutlab.errors import ShortcutlabError
 
-from .base import ROW_COLUMNS, Diagnostic, DiagnosticContext, DiagnosticError
+from .base import ROW_COLUMNS, Diagnostic, DiagnosticContext
+from .errors import DiagnosticError
 from .registry import REGISTRY, available, get
 
 

@@ -28,7 +28,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .base import DiagnosticError, eval_mode
+from .errors import DiagnosticError
+from shortcutlab.models.adapter import eval_mode
 
 
 def weights_hash(model: torch.nn.Module) -> str:

@@ -28,9 +28,9 @@ that is `ParentProbe`'s R) on a model's frozen pooled features:
 
 Fit. Features are standardised on each training fold (zero-variance columns keep scale 1), then
 scikit-learn's multinomial objective is minimised: mean cross-entropy + ||W||^2 / (2 C n) with an
-unpenalised intercept, by L-BFGS with scipy's L-BFGS-B iterates (`probes._lbfgs`) and
+unpenalised intercept, by L-BFGS with scipy's L-BFGS-B iterates (`probes.lbfgs`) and
 scikit-learn's stopping rule (``gtol=tol``,
-``maxiter=max_iter``, ``maxls=50``; `probes._logistic.fit_multinomial`, ParentProbe's fit,
+``maxiter=max_iter``, ``maxls=50``; `probes.logistic.fit_multinomial`, ParentProbe's fit,
 without its step rescaling). The fit is therefore ``LogisticRegression(C=C, tol=tol,
 max_iter=max_iter)`` on the standardised features (the tests check it), computed with float32
 matrix products and no threads but BLAS's (one BLAS thread for small problems, where waking
@@ -66,9 +66,10 @@ import torch
 
 from shortcutlab.stats import wilson_interval
 
-from ._logistic import fit_multinomial, standardise
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
-from .parent_probe import _bad, _check_int, _check_positive
+from .logistic import fit_multinomial, standardise
+from .base import Diagnostic, DiagnosticContext, row
+from .errors import DiagnosticError
+from .validation import bad, check_int, check_positive
 from .parent_probe import sibling_folds as _sibling_folds
 from .registry import register
 
@@ -101,7 +102,7 @@ def sibling_folds(parents, folds: int, seed: int | np.random.Generator | None = 
     Returns:
         (N,) int64 fold in [0, folds), or -1 for singleton parents.
     """
-    return _sibling_folds(parents, _check_int("sibling_folds", "folds", folds, 2), seed)
+    return _sibling_folds(parents, check_int("sibling_folds", "folds", folds, 2), seed)
 
 
 def binomial_interval(k: int, n: int, confidence: float = 0.95, method: Literal["wilson", "exact"] = "wilson") -> tuple[float, float]:
@@ -118,9 +119,9 @@ def binomial_interval(k: int, n: int, confidence: float = 0.95, method: Literal[
         (low, high) in [0, 1]; (nan, nan) when n == 0.
     """
     if method not in INTERVALS:
-        raise _bad("binomial_interval", "method", f"one of {', '.join(map(repr, INTERVALS))}", method)
+        raise bad("binomial_interval", "method", f"one of {', '.join(map(repr, INTERVALS))}", method)
     if not (0.0 < float(confidence) < 1.0):
-        raise _bad("binomial_interval", "confidence", "a number in (0, 1)", confidence)
+        raise bad("binomial_interval", "confidence", "a number in (0, 1)", confidence)
     if int(n) == 0:
         return (math.nan, math.nan)
     if method == "wilson":
@@ -191,16 +192,16 @@ class GroupIdentifiability:
 
     def _check_params(self) -> None:
         owner = type(self).__name__
-        _check_int(owner, "folds", self.folds, 2)
-        _check_positive(owner, "C", self.C)
-        _check_int(owner, "max_iter", self.max_iter, 1)
-        _check_positive(owner, "tol", self.tol)
+        check_int(owner, "folds", self.folds, 2)
+        check_positive(owner, "C", self.C)
+        check_int(owner, "max_iter", self.max_iter, 1)
+        check_positive(owner, "tol", self.tol)
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise _bad(owner, "seed", "an integer >= 0", self.seed)
+            raise bad(owner, "seed", "an integer >= 0", self.seed)
         if isinstance(self.confidence, bool) or not isinstance(self.confidence, (int, float)) or not (0.0 < self.confidence < 1.0):
-            raise _bad(owner, "confidence", "a number in (0, 1)", self.confidence)
+            raise bad(owner, "confidence", "a number in (0, 1)", self.confidence)
         if self.interval not in INTERVALS:
-            raise _bad(owner, "interval", f"one of {', '.join(map(repr, INTERVALS))}", self.interval)
+            raise bad(owner, "interval", f"one of {', '.join(map(repr, INTERVALS))}", self.interval)
 
     @staticmethod
     def _check_data(X, parents, labels=None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -345,7 +346,7 @@ def remove_cell(x: torch.Tensor, mask: torch.Tensor, fill: Literal["mean", "cons
     from interventions.base import check_image, check_mask
 
     if fill not in FILLS:
-        raise _bad("remove_cell", "fill", f"one of {', '.join(map(repr, FILLS))}", fill)
+        raise bad("remove_cell", "fill", f"one of {', '.join(map(repr, FILLS))}", fill)
     check_image(x)
     m = check_mask(mask, x)
     grey = background_removal(x, 1.0 - m, fill="constant", value=value)
@@ -387,13 +388,13 @@ class GroupIdentifiabilityDiagnostic(Diagnostic):
         owner = type(self).__name__
         inputs = tuple(inputs) if not isinstance(inputs, str) else (inputs,)
         if not inputs or any(i not in ("crops", "background") for i in inputs):
-            raise _bad(owner, "inputs", "a non-empty subset of ('crops', 'background')", inputs)
+            raise bad(owner, "inputs", "a non-empty subset of ('crops', 'background')", inputs)
         if fill not in FILLS:
-            raise _bad(owner, "fill", f"one of {', '.join(map(repr, FILLS))}", fill)
+            raise bad(owner, "fill", f"one of {', '.join(map(repr, FILLS))}", fill)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= value <= 1.0):
-            raise _bad(owner, "value", "a grey level in [0, 1]", value)
+            raise bad(owner, "value", "a grey level in [0, 1]", value)
         if subset not in ("all", "train", "test"):
-            raise _bad(owner, "subset", "'all', 'train' or 'test'", subset)
+            raise bad(owner, "subset", "'all', 'train' or 'test'", subset)
         self.settings = dict(folds=folds, C=C, max_iter=max_iter, interval=interval)
         GroupIdentifiability(**self.settings, seed=0 if seed is None else seed)._check_params()
         self.seed = seed

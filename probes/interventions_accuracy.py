@@ -21,7 +21,9 @@ import torch
 
 from shortcutlab.stats import wilson_interval
 
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, eval_mode, row
+from .base import Diagnostic, DiagnosticContext, row
+from .errors import DiagnosticError
+from shortcutlab.models.adapter import eval_mode
 from .registry import register
 
 

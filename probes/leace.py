@@ -69,11 +69,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._check import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
-from ._logistic import fit_multinomial, standardise, torch_threads
-from .base import DiagnosticContext, DiagnosticError, row
-from .parent_probe import ParentProbe, _bad, _check_int, _check_positive, check_features, fitted_probe, require
+from .before_after import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
+from .logistic import fit_multinomial, standardise, torch_threads
+from .base import DiagnosticContext, row
+from .errors import DiagnosticError
+from .parent_probe import ParentProbe, check_features, fitted_probe, require
 from .registry import register
+from .validation import as_numpy, bad, check_int, check_positive
 
 __all__ = ["ErasureCheck", "HeadRefit", "LeaceDiagnostic", "LeaceErasure", "erasure_check", "refit_head"]
 
@@ -195,11 +197,11 @@ class LeaceErasure:
     def _check_params(self) -> None:
         owner = type(self).__name__
         if self.rank is not None:
-            _check_int(owner, "rank", self.rank, 1)
-        _check_positive(owner, "svd_tol", self.svd_tol)
+            check_int(owner, "rank", self.rank, 1)
+        check_positive(owner, "svd_tol", self.svd_tol)
         for name in ("within_class", "shrinkage", "constrain_cov_trace"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise _bad(owner, name, "True or False", getattr(self, name))
+                raise bad(owner, name, "True or False", getattr(self, name))
 
     def fit(self, X, parents, labels=None) -> "LeaceErasure":
         """Fit the eraser.
@@ -309,16 +311,12 @@ class HeadRefit:
             adapter.head = old
 
 
-def _as_numpy(X) -> np.ndarray:
-    return X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else np.asarray(X)
-
-
 def refit_head(adapter, features_train, y_train, test_sets: Mapping[str, tuple] | None = None, *, eraser: LeaceErasure | None = None,
                C: float = 1.0, tol: float = 1e-4, max_iter: int = 500) -> HeadRefit:
     """Train a new linear head on (erased) training features and score it on test sets.
 
     The head is scikit-learn's multinomial ``LogisticRegression(C=C, tol=tol, max_iter=max_iter)``
-    on standardised (erased) features (`probes._logistic`); eraser, standardisation and head are
+    on standardised (erased) features (`probes.logistic`); eraser, standardisation and head are
     folded into one ``nn.Linear`` on the model's raw features. The adapter is not changed: use
     ``result.installed(adapter)`` or ``result.install(adapter)`` to put the head in.
 
@@ -340,7 +338,7 @@ def refit_head(adapter, features_train, y_train, test_sets: Mapping[str, tuple] 
             fewer than two classes in training.
     """
     who = "refit_head"
-    X, y, _ = check_features(who, _as_numpy(features_train), _as_numpy(y_train), None, names=("y_train", ""))
+    X, y, _ = check_features(who, as_numpy(features_train), as_numpy(y_train), None, names=("y_train", ""))
     if not np.issubdtype(y.dtype, np.integer):
         raise DiagnosticError(f"{who} needs y_train as integer class indices; got dtype {y.dtype}")
     K = int(adapter.num_classes) if adapter is not None else int(y.max()) + 1
@@ -361,7 +359,7 @@ def refit_head(adapter, features_train, y_train, test_sets: Mapping[str, tuple] 
     Xe = X.astype(np.float64) @ A_e + a_e
     mu, sd = standardise(Xe)
     local = np.searchsorted(present, y)
-    Wl, bl, it = fit_multinomial((Xe - mu) / sd, local, len(present), _check_positive(who, "C", C), tol=tol, max_iter=max_iter)
+    Wl, bl, it = fit_multinomial((Xe - mu) / sd, local, len(present), check_positive(who, "C", C), tol=tol, max_iter=max_iter)
     W = np.zeros((D, K))
     b = np.full(K, -1e4)  # classes absent from training are never predicted
     W[:, present] = Wl
@@ -377,7 +375,7 @@ def refit_head(adapter, features_train, y_train, test_sets: Mapping[str, tuple] 
         head.bias.copy_(torch.from_numpy(bf))
     out = HeadRefit(head=head, n_iter=it)
     for name, (Xt, yt) in (test_sets or {}).items():
-        Xt, yt, _ = check_features(f"{who} test set {name!r}", _as_numpy(Xt), _as_numpy(yt), None, names=("labels", ""))
+        Xt, yt, _ = check_features(f"{who} test set {name!r}", as_numpy(Xt), as_numpy(yt), None, names=("labels", ""))
         if Xt.shape[1] != D:
             raise DiagnosticError(f"{who} test set {name!r} has {Xt.shape[1]} features; training has {D}")
         pred = (Xt.astype(np.float64) @ Wf + bf).argmax(1)
@@ -396,7 +394,7 @@ class ErasureCheck(CheckOutcome):
             eraser removed.
         probe_before, probe_after, R_before, R_after, floor, above_floor_before,
             above_floor_after, removed_share, check_on, cost, min_removed, max_cost, passed:
-            as `probes._check.CheckOutcome` (probe_after: cross-fitted erasers).
+            as `probes.before_after.CheckOutcome` (probe_after: cross-fitted erasers).
         accuracy_before, accuracy_after: test-set name -> accuracy of heads refitted on the
             original / erased training features (same fit, so the difference is erasure's).
         head_after: the `HeadRefit` on erased features (install it to use the erased model).
@@ -443,7 +441,7 @@ def erasure_check(X, labels, parents, *, train_idx, test_sets: Mapping[str, np.n
     for name in ("min_removed", "max_cost"):
         v = locals()[name]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise _bad(who, name, "a finite number", v)
+            raise bad(who, name, "a finite number", v)
     eraser_kw = dict(rank=rank, within_class=within_class, svd_tol=svd_tol)
 
     before = fit_before(probe, probe_before, X, labels, parents)
@@ -500,15 +498,15 @@ class LeaceDiagnostic(CheckDiagnostic):
         try:
             self.ranks = tuple(ranks)
         except TypeError:
-            raise _bad("leace", "ranks", "a list of ranks (integers >= 1, or null for full LEACE)", ranks) from None
+            raise bad("leace", "ranks", "a list of ranks (integers >= 1, or null for full LEACE)", ranks) from None
         if not self.ranks:
-            raise _bad("leace", "ranks", "a non-empty list of ranks (integers >= 1, or null for full LEACE)", ranks)
+            raise bad("leace", "ranks", "a non-empty list of ranks (integers >= 1, or null for full LEACE)", ranks)
         for r in self.ranks:
             if r is not None and (isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1):
-                raise _bad("leace", "ranks", "a list of ranks (integers >= 1, or null for full LEACE)", list(self.ranks))
+                raise bad("leace", "ranks", "a list of ranks (integers >= 1, or null for full LEACE)", list(self.ranks))
         if not isinstance(within_class, (bool, np.bool_)):
-            raise _bad("leace", "within_class", "True or False", within_class)
-        _check_positive("leace", "C", C)
+            raise bad("leace", "within_class", "True or False", within_class)
+        check_positive("leace", "C", C)
         self.within_class = within_class
         self._check_settings(test_sets=test_sets, check_on=check_on, min_removed=min_removed, max_cost=max_cost, n_folds=n_folds,
                              Cs=Cs, random_state=random_state)

@@ -29,7 +29,7 @@ features, scored on **held-out siblings**:
 **The probe.** Features are standardised on each fit's training rows (constant columns keep
 scale 1) and scikit-learn's ``LogisticRegression(C=C, tol=tol, max_iter=max_iter)`` objective
 is minimised (multinomial cross-entropy + ||W||^2 / (2 C n), unpenalised intercept; see
-`probes._logistic`), with float32 matrix products.
+`probes.logistic`), with float32 matrix products.
 
 The stopping rule is scikit-learn's default (largest gradient entry below ``tol=1e-4``). With
 hundreds of parents per class the gradient entries are small (order 1/parents), so fits at
@@ -54,7 +54,7 @@ fit's standardisation), which was fitted without fold f: the warm start only sav
 and cannot leak fold f. With one value in ``Cs`` there is no inner split.
 
 **Cost.** Each fit runs L-BFGS with scipy's L-BFGS-B iterates but without its bookkeeping
-(`probes._lbfgs`) and float32 matrix products (2-3x cheaper than scikit-learn's float64
+(`probes.lbfgs`) and float32 matrix products (2-3x cheaper than scikit-learn's float64
 evaluation); the classes of a fold are fitted in parallel threads, one BLAS thread each (a BLAS
 pool synchronising on every few-millisecond product stalls on a loaded machine). On 10,000 x
 512 features, 1,000 parents in 4 classes (``benchmarks/bench_parent_probe.py``) the full
@@ -98,36 +98,16 @@ import pandas as pd
 
 from shortcutlab.stats import wilson_interval
 
-from ._logistic import blas_threads, fit_multinomial, standardise
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, DiagnosticWarning, row
+from .logistic import blas_threads, fit_multinomial, standardise
+from .base import Diagnostic, DiagnosticContext, row
+from .errors import DiagnosticError, DiagnosticWarning
 from .registry import register
+from .validation import bad, check_fraction, check_int, check_positive
 
 __all__ = ["ParentProbe", "ParentProbeDiagnostic", "check_features", "sibling_folds", "wilson_interval"]
 
 
 # ------------------------------------------------------------------------------ helpers
-def _bad(owner: str, name: str, expected: str, got) -> DiagnosticError:
-    return DiagnosticError(f"The {name!r} parameter of {owner} must be {expected}. Got {got!r} instead.")
-
-
-def _check_int(owner: str, name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
-        raise _bad(owner, name, f"an integer >= {lo}", value)
-    return int(value)
-
-
-def _check_positive(owner: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (math.isfinite(value) and value > 0):
-        raise _bad(owner, name, "a finite number > 0", value)
-    return float(value)
-
-
-def _check_fraction(owner: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (0.0 < float(value) < 1.0):
-        raise _bad(owner, name, "a number in (0, 1)", value)
-    return float(value)
-
-
 def check_features(who: str, X, labels=None, parents=None, *, names=("labels", "parents")) -> tuple[np.ndarray, ...]:
     """Validate (N, D) features and per-crop arrays of the same length; return numpy arrays.
 
@@ -219,7 +199,7 @@ def sibling_folds(cells: np.ndarray, n_folds: int, random_state: int | np.random
     Returns:
         (N,) int64 fold in [0, n_folds), or -1 for crops alone in their cell.
     """
-    n_folds = _check_int("sibling_folds", "n_folds", n_folds, 2)
+    n_folds = check_int("sibling_folds", "n_folds", n_folds, 2)
     _, codes, counts = np.unique(np.asarray(cells), return_inverse=True, return_counts=True)
     codes = codes.reshape(-1)
     rng = np.random.default_rng(random_state)
@@ -323,21 +303,21 @@ class ParentProbe:
         owner = type(self).__name__
         Cs = [self.Cs] if isinstance(self.Cs, (int, float, np.integer, np.floating)) and not isinstance(self.Cs, bool) else self.Cs
         try:
-            Cs = [float(_check_positive(owner, "Cs", c)) for c in Cs]
+            Cs = [float(check_positive(owner, "Cs", c)) for c in Cs]
         except TypeError:
-            raise _bad(owner, "Cs", "a number > 0 or a sequence of them", self.Cs) from None
+            raise bad(owner, "Cs", "a number > 0 or a sequence of them", self.Cs) from None
         if not Cs:
-            raise _bad(owner, "Cs", "a number > 0 or a non-empty sequence of them", self.Cs)
+            raise bad(owner, "Cs", "a number > 0 or a non-empty sequence of them", self.Cs)
         lo = 3 if len(Cs) > 1 else 2
         if isinstance(self.n_folds, bool) or not isinstance(self.n_folds, (int, np.integer)) or int(self.n_folds) < lo:
             why = " (with several Cs the nested inner split needs two folds besides the scored one)" if lo == 3 else ""
-            raise _bad(owner, "n_folds", f"an integer >= {lo}{why}", self.n_folds)
+            raise bad(owner, "n_folds", f"an integer >= {lo}{why}", self.n_folds)
         k = int(self.n_folds)
-        _check_positive(owner, "tol", self.tol)
-        _check_int(owner, "max_iter", self.max_iter, 1)
+        check_positive(owner, "tol", self.tol)
+        check_int(owner, "max_iter", self.max_iter, 1)
         if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)) or self.random_state < 0:
-            raise _bad(owner, "random_state", "an integer >= 0", self.random_state)
-        _check_fraction(owner, "confidence", self.confidence)
+            raise bad(owner, "random_state", "an integer >= 0", self.random_state)
+        check_fraction(owner, "confidence", self.confidence)
         return k, sorted(set(Cs))
 
     # ---------------------------------------------------------------------- fitting
@@ -569,7 +549,7 @@ _SIDES = {"all": None, "train": 0, "val": 1, "test": 2}
 def crops_of(ctx: DiagnosticContext, on: str, who: str) -> np.ndarray:
     """Row indices of the crops a diagnostic measures on: 'all', or one side of the split."""
     if on not in _SIDES:
-        raise _bad(who, "on", f"one of {', '.join(map(repr, _SIDES))}", on)
+        raise bad(who, "on", f"one of {', '.join(map(repr, _SIDES))}", on)
     if on == "all":
         return np.arange(ctx.table.n_crops)
     idx = np.flatnonzero(ctx.side == _SIDES[on])
@@ -662,9 +642,9 @@ class ParentProbeDiagnostic(Diagnostic):
     def __init__(self, on: str = "all", n_folds: int = 4, Cs: float | Sequence[float] = (0.01, 0.1, 1.0), tol: float = 1e-4,
                  max_iter: int = 100, random_state: int | None = None) -> None:
         if on not in _SIDES:
-            raise _bad("parent_probe", "on", f"one of {', '.join(map(repr, _SIDES))}", on)
+            raise bad("parent_probe", "on", f"one of {', '.join(map(repr, _SIDES))}", on)
         if random_state is not None:
-            _check_int("parent_probe", "random_state", random_state, 0)
+            check_int("parent_probe", "random_state", random_state, 0)
         self.on = on
         self.probe_params = dict(n_folds=n_folds, Cs=Cs, tol=tol, max_iter=max_iter)
         self.random_state = random_state

@@ -13,7 +13,8 @@ import inspect
 
 from shortcutlab.plugins import Registry
 
-from .base import Diagnostic, DiagnosticError
+from .base import Diagnostic
+from .errors import DiagnosticError
 
 ENTRY_POINT_GROUP = "shortcutlab.diagnostics"
 

@@ -100,7 +100,9 @@ from torch import nn
 
 from shortcutlab.models.adapter import ModelAdapter, ModelError, reinit_parameters
 
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, eval_mode, row
+from .base import Diagnostic, DiagnosticContext, row
+from .errors import DiagnosticError
+from shortcutlab.models.adapter import eval_mode
 from .registry import register
 
 __all__ = [

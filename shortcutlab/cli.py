@@ -409,7 +409,7 @@ def cmd_siblings(args) -> int:
     claim_output_dir(args.out, "siblings", SIBLINGS_FILES, _is_legacy_siblings)
     import warnings
 
-    from shortcutlab.data.splits import SplitWarning
+    from shortcutlab.errors import SplitWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SplitWarning)
@@ -472,7 +472,7 @@ def cmd_litmus(args) -> int:
     claim_output_files(args.out, ("litmus.csv", "litmus.json"), _json_of("litmus.json"))
     import warnings
 
-    from shortcutlab.data.splits import SplitWarning
+    from shortcutlab.errors import SplitWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SplitWarning)  # printed below, from the result's notes
@@ -626,10 +626,10 @@ def cmd_diagnose(args) -> int:
     preprocess = None
     cfg = run.record.get("config", {})
     if cfg.get("mask_background"):
-        from shortcutlab.models.recipe import _mask_background
+        from shortcutlab.models.recipe import mask_background
 
         fill = float(cfg.get("background_fill", 0.5))
-        preprocess = lambda x, m: _mask_background(x, m, fill)  # noqa: E731 (scored as trained)
+        preprocess = lambda x, m: mask_background(x, m, fill)  # noqa: E731 (scored as trained)
         preprocess.key = f"mask_background={fill}"
     log: list = []
     t0 = time.perf_counter()

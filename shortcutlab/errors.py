@@ -43,3 +43,8 @@ def first_rows(mask_or_index, ids=None, limit: int = 5) -> str:
     if n > limit:
         text += f" and {n - limit} more"
     return text
+
+
+class SplitWarning(UserWarning):
+    """A split was built but leaves something out that its user should know about (a class
+    with no crops on one side)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -530,3 +531,12 @@ def _not_owned(out: str, kind: str, names: list[str], new: str) -> list[str]:
             continue  # a folder of listed files
         keep.append(e)
     return keep
+
+
+def file_sha256(path: str) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB chunks (hex digest)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -112,7 +112,7 @@ def _need(frame, columns: Iterable[str], what: str) -> None:
                          f"columns are: {', '.join(map(str, frame.columns))}")
 
 
-def _check_predictions(pred: pd.DataFrame, columns=PREDICTION_COLUMNS) -> pd.DataFrame:
+def check_predictions(pred: pd.DataFrame, columns=PREDICTION_COLUMNS) -> pd.DataFrame:
     """Validate a predictions frame; return a copy with string keys and a 0/1 float `correct`."""
     _need(pred, columns, "predictions")
     out = pred.loc[:, [c for c in dict.fromkeys(columns)]].copy()
@@ -331,7 +331,7 @@ LEAK_COLUMNS = ["estimand", "condition", "arch", "diversity", "intervention", "e
                 "p_value", "n_seeds", "n_parents", "n_crops", "n_boot", "reason"]
 
 
-def _factorial(pred: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
+def factorial_rows(pred: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
     """Factorial rows restricted to crops scored by both the leak and the clean model of their
     (condition, seed, arch, diversity, intervention); plus records of groups that lack one side."""
     is_leak = pred["exposure"].to_numpy() == "leak"
@@ -395,7 +395,7 @@ def _leak_rows(cells: _Cells, condition, archs, level, reps, point, pooled: bool
 
 def _factorial_bootstrap(pred, n_boot, seed):
     """Per condition: the cells, their point accuracies and replicates (shared draws)."""
-    fac, missing = _factorial(pred)
+    fac, missing = factorial_rows(pred)
     out = {}
     for condition, sub in fac.groupby("condition", sort=True):
         cells = _Cells(sub, ["arch", "diversity", "intervention", "exposure"])
@@ -406,7 +406,7 @@ def _factorial_bootstrap(pred, n_boot, seed):
 
 
 def _prepare(predictions, n_boot, seed):
-    pred = _check_predictions(predictions)
+    pred = check_predictions(predictions)
     _check_unique(pred)
     return pred, _factorial_bootstrap(pred, n_boot, seed)
 
@@ -596,7 +596,7 @@ def protocol_effect(predictions: pd.DataFrame, *, p1: str = "crop", p2: str = "p
         counts seeds with both protocols, n_parents the parents scored under either, n_crops the
         (seed, crop) pairs of both. A condition lacking one protocol gets a NaN row with reason.
     """
-    pred = _check_predictions(predictions)
+    pred = check_predictions(predictions)
     _check_unique(pred)
     pred = pred[pred["intervention"] == intervention]
     rows = []
@@ -794,9 +794,9 @@ def dose_points(predictions: pd.DataFrame, results: pd.DataFrame, *, diagnostic:
     Returns:
         columns condition, arch, diversity, seed, gap, R.
     """
-    pred = _check_predictions(predictions)
+    pred = check_predictions(predictions)
     _need(results, ["model", "diagnostic", "metric", "setting", "value"], "results")
-    fac, _ = _factorial(pred[pred["intervention"] == intervention])
+    fac, _ = factorial_rows(pred[pred["intervention"] == intervention])
     keys = ["condition", "arch", "diversity", "seed"]
     acc = fac.groupby(keys + ["exposure"])["correct"].mean().unstack("exposure")
     if acc.empty or not {"leak", "clean"} <= set(acc.columns):
@@ -846,7 +846,7 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
     Returns:
         `ESTIMATE_COLUMNS` (+ ``cost_exceeds_leak`` for the intervention rows, NA elsewhere).
     """
-    pred = _check_predictions(predictions)
+    pred = check_predictions(predictions)
     _check_unique(pred)
     parts = []
     kw = dict(n_boot=n_boot, level=level, seed=seed)

@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from probes.base import DiagnosticError
+from probes.errors import DiagnosticError
 
 
 @dataclass(frozen=True)
@@ -2241,7 +2241,7 @@ def test_bad_input_damaged_synth(case: Case, tmp_path) -> None:
 import warnings as _warnings  # noqa: E402  (imports of this section, kept beside the cases that use them)
 
 from shortcutlab.studies.litmus import LitmusError as _LitmusError  # noqa: E402
-from shortcutlab.data.splits import SplitWarning as _SplitWarning  # noqa: E402
+from shortcutlab.errors import SplitWarning as _SplitWarning  # noqa: E402
 
 
 def _studies_crops(labels="xyxyxyxy", masks=None, size=16):

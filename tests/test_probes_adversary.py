@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from probes import LinearAdversary, ParentProbe, adversary_check, extract_features, get, remeasure_R
-from probes.base import DiagnosticError
+from probes.errors import DiagnosticError
 from test_probes_leace import planted
 from test_probes_parent_probe import context_with_features
 

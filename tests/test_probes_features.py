@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from probes import extract_features
-from probes.base import DiagnosticError
+from probes.errors import DiagnosticError
 from probes.features import cache_key
 from shortcutlab import CropTable
 from shortcutlab.models.adapter import create_model, wrap

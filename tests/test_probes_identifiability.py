@@ -15,7 +15,8 @@ from torch import nn
 
 from interventions.background import background_removal
 from probes import ROW_COLUMNS, available, get
-from probes.base import DiagnosticContext, DiagnosticError
+from probes.base import DiagnosticContext
+from probes.errors import DiagnosticError
 from probes.identifiability import (
     GroupIdentifiability,
     GroupIdentifiabilityDiagnostic,

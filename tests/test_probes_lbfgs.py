@@ -1,4 +1,4 @@
-"""probes._lbfgs against scipy's L-BFGS-B: the same iterates, so the same early-stopped probes."""
+"""probes.lbfgs against scipy's L-BFGS-B: the same iterates, so the same early-stopped probes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize, rosen, rosen_der
 
-from probes._lbfgs import lbfgs
-from probes._logistic import fit_multinomial, standardise
+from probes.lbfgs import lbfgs
+from probes.logistic import fit_multinomial, standardise
 
 
 def scipy_lbfgsb(fun, x0, gtol, ftol, maxiter, maxls=50):

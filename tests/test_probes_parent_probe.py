@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from probes import ParentProbe, get, wilson_interval
-from probes.base import DiagnosticContext, DiagnosticError
+from probes.base import DiagnosticContext
+from probes.errors import DiagnosticError
 from probes.parent_probe import sibling_folds
 from shortcutlab import CropTable
 from shortcutlab.data.images import CropImages

@@ -19,7 +19,8 @@ from torch import nn
 
 import probes
 from probes import saliency
-from probes.base import ROW_COLUMNS, DiagnosticContext, DiagnosticError
+from probes.base import ROW_COLUMNS, DiagnosticContext
+from probes.errors import DiagnosticError
 from probes.saliency import (
     cascade_blocks,
     fast_path_reason,

@@ -444,14 +444,14 @@ def test_cli_trains_on_a_synthetic_benchmark_with_an_augmentation(tmp_path, caps
 
 
 def test_masked_background_is_the_background_removal_formula():
-    from shortcutlab.models.recipe import _mask_background
+    from shortcutlab.models.recipe import mask_background
 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(3, 3, 10, 10, generator=g)
     m = (torch.rand(3, 1, 10, 10, generator=g) > 0.5).float()
-    torch.testing.assert_close(_mask_background(x, m, 0.3), x * m + 0.3 * (1 - m), rtol=0, atol=1e-7)
+    torch.testing.assert_close(mask_background(x, m, 0.3), x * m + 0.3 * (1 - m), rtol=0, atol=1e-7)
     with pytest.raises(ShortcutlabError, match="needs cell masks"):
-        _mask_background(x, None, 0.3)
+        mask_background(x, None, 0.3)
 
 
 def test_a_missing_device_is_refused_before_any_work(tmp_path, tiny, monkeypatch):

@@ -428,7 +428,7 @@ def test_labels_and_conditions_are_escaped_in_html_and_markdown(tmp_path):
 
 
 def test_md_escape_by_hand():
-    from shortcutlab.report.render import md_escape
+    from shortcutlab.markdown import md_escape
 
     assert md_escape("<script>alert(1)</script>") == "&lt;script&gt;alert(1)&lt;/script&gt;"
     assert md_escape("*x*|y") == r"\*x\*\|y"

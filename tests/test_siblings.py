@@ -18,15 +18,13 @@ from shortcutlab.data.siblings import (
     TRANSFORMS,
     aligned_ssim,
     apply_transform,
-    augment,
-    calibration_set,
     dihedral_hashes,
     find_siblings,
     phash_images,
-    precision_recall,
     search_hashes,
     with_ssim,
 )
+from shortcutlab.studies.sibling_calibration import augment, calibration_set, precision_recall
 
 
 def smooth_images(n, shape=(64, 64), seed=0):

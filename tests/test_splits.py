@@ -439,7 +439,7 @@ def _two_class_frame(n_a, n_b, parents_b=None):
 
 
 def test_single_parent_class_is_missing_from_one_side_and_said():
-    from shortcutlab.data.splits import SplitWarning
+    from shortcutlab.errors import SplitWarning
 
     t = table_from(_two_class_frame(60, 8, parents_b=1))
     with pytest.warns(SplitWarning, match="parent split: class 'b' has no crops on the (train|test) side"):
@@ -451,7 +451,7 @@ def test_single_parent_class_is_missing_from_one_side_and_said():
 
 
 def test_tiny_test_fraction_leaves_a_small_class_out_of_test_and_says_so(tmp_path):
-    from shortcutlab.data.splits import SplitWarning
+    from shortcutlab.errors import SplitWarning
 
     t = table_from(_two_class_frame(40, 4))
     # round(0.1 * 40) = 4 crops of 'a' go to test, round(0.1 * 4) = 0 of 'b'.
@@ -465,7 +465,7 @@ def test_tiny_test_fraction_leaves_a_small_class_out_of_test_and_says_so(tmp_pat
 
 
 def test_large_validation_share_takes_a_small_class_off_train_and_says_so():
-    from shortcutlab.data.splits import SplitWarning
+    from shortcutlab.errors import SplitWarning
 
     t = table_from(_two_class_frame(100, 3))
     # Class 'b': round(0.3 * 3) = 1 test and round(0.6 * 3) = 2 validation crops, none left to train.

@@ -24,26 +24,10 @@ import numpy as np
 import pandas as pd
 
 from shortcutlab.errors import SplitError
-from shortcutlab.data.exposure import summarize
+from shortcutlab.data.exposure import sibling_exposure, summarize
 from shortcutlab.data.manifest import SIDES, SplitManifest
 from shortcutlab.data.overlap import has_overlapping_partner
 from shortcutlab.data.table import CropTable
-
-
-def sibling_exposure(parent_codes: np.ndarray, query: np.ndarray, train: np.ndarray) -> float:
-    """Share of `query` crops whose parent has at least one `train` crop.
-
-    Args:
-        parent_codes: (N,) integer parent of every crop.
-        query: (N,) bool, the evaluation side.
-        train: (N,) bool, the training side (disjoint from `query`).
-    """
-    query = np.asarray(query, dtype=bool)
-    if not query.any():
-        return float("nan")
-    has_train = np.zeros(int(parent_codes.max()) + 1, dtype=bool)
-    has_train[parent_codes[np.asarray(train, dtype=bool)]] = True
-    return float(has_train[parent_codes[query]].mean())
 
 
 def side_codes(table: CropTable, assignment: pd.DataFrame) -> np.ndarray:
@@ -208,7 +192,7 @@ def audit(
 
     if augmentation is not None and augmentation not in AUGMENTATION_ORDERS:
         raise ShortcutlabError(f"augmentation order must be one of {', '.join(AUGMENTATION_ORDERS)}; got {augmentation!r}")
-    from shortcutlab.data.splits import SplitWarning
+    from shortcutlab.errors import SplitWarning
 
     result = summarize(table, test_fraction).to_dict()
     result["source"] = table.source

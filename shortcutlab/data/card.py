@@ -168,7 +168,7 @@ def _code(text) -> str:
 
 def _warning_lines(r: dict) -> list[str]:
     """The audit's degenerate cases (one class, a side without crops), escaped: they quote labels."""
-    from shortcutlab.report.render import md_escape
+    from shortcutlab.markdown import md_escape
 
     if not r.get("warnings"):
         return []

@@ -237,7 +237,7 @@ def hamming_distance(a, b) -> np.ndarray:
     return _popcount(x).astype(np.int64)
 
 
-def _check_distance(max_distance) -> int:
+def check_distance(max_distance) -> int:
     try:
         if isinstance(max_distance, bool):
             raise TypeError
@@ -397,7 +397,7 @@ def near_duplicate_pairs(
         >>> near_duplicate_pairs(np.array([5, 4, 5], dtype=np.uint64), 0)
         (array([0]), array([2]))
     """
-    t = _check_distance(max_distance)
+    t = check_distance(max_distance)
     h = _as_hashes(hashes)
     n = len(h)
     batch_pairs = max(1, int(batch_pairs))
@@ -440,7 +440,7 @@ def all_pairs_near_duplicates(
     Returns:
         (i, j): two (P,) int64 arrays, ``i < j``, sorted by i then j.
     """
-    t = _check_distance(max_distance)
+    t = check_distance(max_distance)
     h = _as_hashes(hashes)
     parts = list(_all_pair_batches(h, t, block_elements))
     if not parts:
@@ -535,7 +535,7 @@ def near_duplicate_batches_between(query, reference, max_distance: int, *, batch
     either side are collapsed before searching and expanded per batch. Pairs come in no
     particular order; each appears exactly once.
     """
-    t = _check_distance(max_distance)
+    t = check_distance(max_distance)
     q = _as_uint64(query, "query hashes").reshape(-1)
     r = _as_uint64(reference, "reference hashes").reshape(-1)
     if len(q) == 0 or len(r) == 0:
@@ -589,7 +589,7 @@ def _sort_triples(parts, n_ref: int):
 
 def all_pairs_between(query, reference, max_distance: int, *, block_elements: int = 1 << 22):
     """Quadratic reference for `near_duplicates_between`: every query against every reference."""
-    t = _check_distance(max_distance)
+    t = check_distance(max_distance)
     q = _as_uint64(query, "query hashes").reshape(-1)
     r = _as_uint64(reference, "reference hashes").reshape(-1)
     parts = list(_all_cross_batches(q, r, t, block_elements))
@@ -719,7 +719,7 @@ def link_parents(parent_codes: np.ndarray, hashes: np.ndarray, max_distance: int
         TableError: lengths differ or inputs are not 1-D.
         ShortcutlabError: `max_distance` is not an integer in 0..32.
     """
-    t = _check_distance(max_distance)
+    t = check_distance(max_distance)
     h = _as_hashes(hashes)
     dense, values = _dense_parents(parent_codes)
     n_parents = len(values)
@@ -781,7 +781,7 @@ def link_parents_dihedral(parent_codes: np.ndarray, variant_hashes: np.ndarray, 
     Raises:
         TableError: shapes do not match.
     """
-    t = _check_distance(max_distance)
+    t = check_distance(max_distance)
     v = _as_uint64(variant_hashes, "variant hashes")
     dense, values = _dense_parents(parent_codes)
     if v.ndim != 2 or len(v) != len(dense) or v.shape[1] < 1:

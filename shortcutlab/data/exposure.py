@@ -32,7 +32,7 @@ from shortcutlab.data.overlap import overlap_counts
 from shortcutlab.data.table import CropTable
 
 
-def _check_q(q: float) -> float:
+def check_q(q: float) -> float:
     try:
         q = float(q)
     except (TypeError, ValueError):
@@ -68,7 +68,7 @@ def exposure(table_or_sizes, test_fraction: float) -> float:
 
     ``sum_p k_p (1 - q^(k_p - 1)) / N`` with q the test fraction.
     """
-    q = _check_q(test_fraction)
+    q = check_q(test_fraction)
     k = _sizes(table_or_sizes).astype(np.float64)
     return float(np.sum(k * (1.0 - q ** (k - 1.0))) / k.sum())
 
@@ -76,7 +76,7 @@ def exposure(table_or_sizes, test_fraction: float) -> float:
 def diversity_ratio(table_or_sizes, test_fraction: float) -> float:
     """Expected distinct training parents of a crop-level split over those of an equal-size
     parent-level split: ``sum_p (1 - q^(k_p)) / ((1 - q) P)``."""
-    q = _check_q(test_fraction)
+    q = check_q(test_fraction)
     k = _sizes(table_or_sizes).astype(np.float64)
     return float(np.sum(1.0 - q**k) / ((1.0 - q) * len(k)))
 
@@ -94,7 +94,7 @@ def pixel_overlap(table: CropTable, test_fraction: float, counts: np.ndarray | N
     Raises:
         TableError: the table has no geometry.
     """
-    q = _check_q(test_fraction)
+    q = check_q(test_fraction)
     if counts is None:
         if not table.has_geometry:
             raise TableError("pixel overlap needs crop geometry: pass --box X,Y,W,H or --center CX,CY --crop-size S")
@@ -125,7 +125,7 @@ class ExposureSummary:
 
 def summarize(table: CropTable, test_fraction: float = 0.2) -> ExposureSummary:
     """All closed forms for `table` at test fraction q."""
-    q = _check_q(test_fraction)
+    q = check_q(test_fraction)
     pix = share = None
     if table.has_geometry:
         m = overlap_counts(table.n_crops, table.overlap_pairs)
@@ -143,3 +143,19 @@ def summarize(table: CropTable, test_fraction: float = 0.2) -> ExposureSummary:
         pixel_overlap=pix,
         overlap_share=share,
     )
+
+
+def sibling_exposure(parent_codes: np.ndarray, query: np.ndarray, train: np.ndarray) -> float:
+    """Share of `query` crops whose parent has at least one `train` crop.
+
+    Args:
+        parent_codes: (N,) integer parent of every crop.
+        query: (N,) bool, the evaluation side.
+        train: (N,) bool, the training side (disjoint from `query`).
+    """
+    query = np.asarray(query, dtype=bool)
+    if not query.any():
+        return float("nan")
+    has_train = np.zeros(int(parent_codes.max()) + 1, dtype=bool)
+    has_train[parent_codes[np.asarray(train, dtype=bool)]] = True
+    return float(has_train[parent_codes[query]].mean())

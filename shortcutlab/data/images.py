@@ -83,7 +83,7 @@ def _refuse_deep(im, path: str, what: str, crop_id: str) -> None:
         )
 
 
-def _read_crop(path: str, crop_id: str) -> np.ndarray:
+def read_crop(path: str, crop_id: str) -> np.ndarray:
     """(H, W, 3) uint8 pixels of a crop; 16-bit grey is scaled by 255 / 65535 and rounded."""
     with _open(path, "crop image", crop_id) as im:
         v = _grey16(im)
@@ -149,7 +149,7 @@ def load_crops(table: CropTable, root: str | None = None) -> CropImages:
         full = _resolve(p, root)
         if not os.path.isfile(full):
             raise TableError(f"crop image {full!r} (id {ids[i]!r}) {wrong_kind(full, 'file')}")
-        arr = _read_crop(full, ids[i])
+        arr = read_crop(full, ids[i])
         if first_shape is None:
             first_shape = arr.shape
             imgs = np.empty((len(paths), 3, arr.shape[0], arr.shape[1]), dtype=np.uint8)

@@ -32,15 +32,10 @@ import pandas as pd
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
-from shortcutlab.errors import ShortcutlabError, SplitError
-from shortcutlab.data.exposure import _check_q
+from shortcutlab.errors import ShortcutlabError, SplitError, SplitWarning
+from shortcutlab.data.exposure import check_q
 from shortcutlab.data.manifest import SplitManifest
 from shortcutlab.data.table import CropTable
-
-
-class SplitWarning(UserWarning):
-    """A split was built but leaves something out that its user should know about (a class
-    with no crops on one side)."""
 
 
 # Named random streams (see module docstring).
@@ -63,6 +58,11 @@ def register_protocol(name: str):
 
 def available_protocols() -> tuple[str, ...]:
     return tuple(_PROTOCOLS)
+
+
+def get_protocol(name: str) -> Callable[..., SplitManifest] | None:
+    """The function registered as split protocol `name`, or None when there is none."""
+    return _PROTOCOLS.get(name)
 
 
 def make_split(table: CropTable, protocol: str, **params) -> SplitManifest:
@@ -89,7 +89,7 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
 
 def _check_test_fraction(test_fraction: float) -> float:
     try:
-        return _check_q(test_fraction)
+        return check_q(test_fraction)
     except ShortcutlabError as e:  # the closed forms' check, raised as a split error here
         raise SplitError(str(e)) from None
 
@@ -164,9 +164,9 @@ def check_params(protocol: str, **params) -> None:
         if "unit" in a:
             _check_unit(a["unit"])
         if "max_distance" in a:
-            from shortcutlab.data.dedup import _check_distance
+            from shortcutlab.data.dedup import check_distance
 
-            _check_distance(a["max_distance"])
+            check_distance(a["max_distance"])
 
 
 # ---------------------------------------------------------------------------- building blocks
@@ -619,7 +619,7 @@ def ladder_split(
     keys = _rng(seed, _CROP_KEYS).random(table.n_crops)
     names = np.array(["train", "val", "test"], dtype=object)
     frames, rep = [], {"levels": {}, "empty_class_sides": []}
-    from shortcutlab.data.audit import sibling_exposure
+    from shortcutlab.data.exposure import sibling_exposure
 
     for f in sorted(levels):
         crossing_p = rank < int(round(f * P))
@@ -935,7 +935,7 @@ def factorial_split(
 
 def _check_factorial(table, masks, test, is_test_parent, targets) -> dict:
     """Verify the design's matching constraints; raise if any fails; return the counts."""
-    from shortcutlab.data.audit import sibling_exposure
+    from shortcutlab.data.exposure import sibling_exposure
 
     crop_parent, labels, C = table.parent_codes, table.label_codes, table.n_classes
     rep: dict = {"cells": {}}

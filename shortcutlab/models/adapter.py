@@ -40,11 +40,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import os
 from dataclasses import dataclass, fields
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 import torch
 from torch import nn
@@ -937,3 +938,21 @@ def _check_state(model: nn.Module, state: dict[str, torch.Tensor], path: str, na
         f"weights file {path!r} does not fit timm model {name!r}: " + "; ".join(parts)
         + " (was it saved from another architecture, num_classes or img_size?)"
     )
+
+
+@contextlib.contextmanager
+def eval_mode(adapter) -> Iterator[None]:
+    """Run the block with every module of the adapter in eval mode; put back each module's own
+    train / eval flag on exit, also after an error.
+
+    In training mode a forward pass updates batch-norm running statistics (and draws dropout):
+    a diagnostic would change the user's model and depend on the batch. Every forward pass of
+    the diagnostics on the user's model runs inside this (features, predictions, Grad-CAM).
+    """
+    modes = [(m, m.training) for m in adapter.modules()]
+    adapter.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode

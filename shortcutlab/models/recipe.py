@@ -204,7 +204,7 @@ def _flip(x: torch.Tensor, dim: int, generator: torch.Generator) -> torch.Tensor
     return x
 
 
-def _mask_background(x: torch.Tensor, mask: torch.Tensor | None, fill: float) -> torch.Tensor:
+def mask_background(x: torch.Tensor, mask: torch.Tensor | None, fill: float) -> torch.Tensor:
     # F3 is the background_removal intervention with a constant fill, in training and scoring.
     from interventions import background_removal
 
@@ -486,7 +486,7 @@ def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: T
         for b, e in zip(starts, ends):
             x, m = crops.float_batch(torch.from_numpy(order[b:e]), device=device)
             if config.mask_background:
-                x = _mask_background(x, m, config.background_fill)
+                x = mask_background(x, m, config.background_fill)
             yield x
 
     return precise_batchnorm(adapter.model, batches(), forward=adapter.logits)
@@ -638,7 +638,7 @@ def train(
                 idx = order[b * config.batch_size : (b + 1) * config.batch_size if b < n_batches - 1 else len(order)]
                 x, m = crops.float_batch(idx)
                 if config.mask_background:
-                    x = _mask_background(x, m, config.background_fill)
+                    x = mask_background(x, m, config.background_fill)
                 # The mask travels with the image through crop and flips (one 4-channel tensor).
                 xm = x if m is None else torch.cat([x, m], dim=1)
                 xm = random_resized_crop(xm, config.rrc_scale, config.rrc_ratio, gen)
@@ -689,7 +689,7 @@ def train(
                 idx = torch.from_numpy(scored[b : b + 256])
                 x, m = crops.float_batch(idx, device=device)
                 if config.mask_background:
-                    x = _mask_background(x, m, config.background_fill)
+                    x = mask_background(x, m, config.background_fill)
                 out_logits.append(adapter.logits(x).cpu())
         logits_all = torch.cat(out_logits).numpy()
         t_eval = time.perf_counter() - t2

@@ -333,9 +333,9 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
             xin = x
             cfg = r.record.get("config", {})
             if cfg.get("mask_background") and m is not None:
-                from shortcutlab.models.recipe import _mask_background
+                from shortcutlab.models.recipe import mask_background
 
-                xin = _mask_background(x, m, float(cfg.get("background_fill", 0.5)))
+                xin = mask_background(x, m, float(cfg.get("background_fill", 0.5)))
             maps = gradcam(r.adapter, xin.to(r.adapter.dtype)).detach().float().cpu()
             cams.append((f"Grad-CAM, {label} model", maps))
             if m is not None:

@@ -135,10 +135,10 @@ def dose_pairs(pred: pd.DataFrame, results: pd.DataFrame | None, baseline: str =
     src = r_source(results)
     if src is None:
         return pd.DataFrame(columns=cols)
-    from shortcutlab.stats import _factorial, _check_predictions
+    from shortcutlab.stats import factorial_rows, check_predictions
 
-    p = _check_predictions(pred)
-    fac, _ = _factorial(p[p["intervention"] == baseline])
+    p = check_predictions(pred)
+    fac, _ = factorial_rows(p[p["intervention"] == baseline])
     if fac.empty:
         return pd.DataFrame(columns=cols)
     acc = fac.groupby(PAIR_KEYS + ["exposure"], observed=True)["correct"].mean().unstack("exposure")

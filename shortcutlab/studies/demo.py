@@ -266,14 +266,14 @@ def demo_files(cfg: DemoConfig) -> list[str]:
 def _is_legacy_demo(out: str) -> bool:
     """A demo folder written before output markers: its summary.json is a demo's, or its
     sweep/ folder is a sweep (a demo stopped before its summary)."""
-    from shortcutlab.sweep.runner import _is_legacy_sweep
+    from shortcutlab.sweep.runner import is_legacy_sweep
 
     try:
         with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
             d = json.load(f)
         return isinstance(d, dict) and "mean_leak_effect_pp" in d
     except (OSError, ValueError):
-        return os.path.isdir(os.path.join(out, "sweep")) and _is_legacy_sweep(os.path.join(out, "sweep"))
+        return os.path.isdir(os.path.join(out, "sweep")) and is_legacy_sweep(os.path.join(out, "sweep"))
 
 
 def run_demo(out_dir: str, cfg: DemoConfig = DemoConfig()) -> dict:

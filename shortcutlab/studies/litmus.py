@@ -296,7 +296,7 @@ def litmus(crops: CropImages, split: SplitManifest, positions: Sequence[str] = P
     if note:
         import warnings
 
-        from shortcutlab.data.splits import SplitWarning
+        from shortcutlab.errors import SplitWarning
 
         warnings.warn(note, SplitWarning, stacklevel=2)
         notes.append(note)

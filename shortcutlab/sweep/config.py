@@ -371,7 +371,7 @@ def planned_tasks(raw: Mapping) -> int:
     Parts not yet checked count as one."""
     import inspect
 
-    from shortcutlab.data.splits import _PROTOCOLS
+    from shortcutlab.data.splits import get_protocol
 
     data = raw.get("data")
     n_cond, synth = 1, 0
@@ -395,7 +395,7 @@ def planned_tasks(raw: Mapping) -> int:
         protocols = [split]
     n_split, n_cells = 0, 1
     for p in protocols:
-        fn = _PROTOCOLS.get(p)
+        fn = get_protocol(p)
         n_split += _product(params, set(inspect.signature(fn).parameters) if fn else set())
         if p == "factorial":
             n_cells = max(n_cells, 4)
@@ -567,7 +567,7 @@ def _manifest(ck: _Checker, value: Any, base_dir: str) -> Condition:
 def _split(ck: _Checker, value: Any) -> tuple[tuple[str, ...], tuple[dict, ...]]:
     import inspect
 
-    from shortcutlab.data.splits import _PROTOCOLS, available_protocols
+    from shortcutlab.data.splits import available_protocols, get_protocol
 
     if isinstance(value, str):
         value = {"protocol": value}
@@ -587,7 +587,7 @@ def _split(ck: _Checker, value: Any) -> tuple[tuple[str, ...], tuple[dict, ...]]
     if len(multi) > 1:
         raise ck.error("split.protocol", f"at most one multi-cell protocol per sweep (their cells differ); got {', '.join(multi)}")
     params = s.get("params") or {}
-    accepted = {p: [a for a in inspect.signature(_PROTOCOLS[p]).parameters if a not in ("table", "seed", "hashes")] for p in protocols}
+    accepted = {p: [a for a in inspect.signature(get_protocol(p)).parameters if a not in ("table", "seed", "hashes")] for p in protocols}
     allowed = list(dict.fromkeys(a for p in protocols for a in accepted[p]))
     params = ck.keys("split.params", params, allowed)
     for k, v in params.items():
@@ -701,7 +701,7 @@ def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) 
     the model's logit order. Checked here: the file, the architecture, the classes against
     every data condition's labels, and that the weights load into the architecture."""
     from shortcutlab.models.adapter import ModelError, create_model
-    from shortcutlab.sweep.tasks import file_sha256
+    from shortcutlab.io import file_sha256
 
     bad = next((k for k in entry if k not in WRAP_KEYS), None)
     if bad is not None:

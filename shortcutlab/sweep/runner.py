@@ -82,7 +82,7 @@ SWEEP_FILES = ("sweep.json", ".sweep.lock", "tasks/", "predictions.parquet", "pr
                "results.csv", "splits.json", "report/")
 
 
-def _is_legacy_sweep(out_dir: str) -> bool:
+def is_legacy_sweep(out_dir: str) -> bool:
     """A sweep folder written before output markers: its sweep.json is a sweep's (or it holds
     only the lock of a sweep killed before it wrote one)."""
     path = os.path.join(out_dir, "sweep.json")
@@ -96,7 +96,7 @@ def claim_sweep_dir(out_dir: str) -> None:
     """Refuse a folder holding files that no sweep wrote (`io.claim_output_dir`), and mark a
     new (or earlier, unmarked) sweep folder as one before anything else is written there, so
     that a sweep killed at any point can resume."""
-    claim_output_dir(out_dir, "sweep", SWEEP_FILES, _is_legacy_sweep)
+    claim_output_dir(out_dir, "sweep", SWEEP_FILES, is_legacy_sweep)
     os.makedirs(out_dir, exist_ok=True)
     write_marker(out_dir, "sweep", SWEEP_FILES)
 

@@ -18,13 +18,12 @@ task is done when its folder holds ``result.json``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from dataclasses import dataclass, field
 
-from shortcutlab.io import atomic_dir, to_json
+from shortcutlab.io import atomic_dir, file_sha256, to_json
 from shortcutlab.sweep.config import SweepConfig
 from shortcutlab.sweep.graph import Task, TaskGraph
 
@@ -43,14 +42,6 @@ def is_done(root: str, task: Task) -> bool:
 def read_result(root: str, kind: str, tid: str) -> dict:
     with open(os.path.join(task_dir(root, kind, tid), "result.json"), encoding="utf-8") as f:
         return json.load(f)["result"]
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------- the plan
@@ -340,10 +331,10 @@ def _context(task: Task, root: str):
     cfg = run.record.get("config", {})
     preprocess = None
     if cfg.get("mask_background"):
-        from shortcutlab.models.recipe import _mask_background
+        from shortcutlab.models.recipe import mask_background
 
         fill = float(cfg.get("background_fill", 0.5))
-        preprocess = lambda x, m: _mask_background(x, m, fill)  # noqa: E731 (scored as trained)
+        preprocess = lambda x, m: mask_background(x, m, fill)  # noqa: E731 (scored as trained)
         preprocess.key = f"mask_background={fill}"
     targets = {}
     names = [n for _, n, _ in p.get("interventions", [])]

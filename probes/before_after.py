@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import Diagnostic, DiagnosticContext, DiagnosticError, row
-from .parent_probe import ParentProbe, _bad, _check_int, check_features, clone_probe, probe_rows, require
+from .base import Diagnostic, DiagnosticContext, row
+from .errors import DiagnosticError
+from .parent_probe import ParentProbe, check_features, clone_probe, probe_rows, require
+from .validation import bad, check_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,16 +170,16 @@ class CheckDiagnostic(Diagnostic):
                         Cs, random_state: int | None) -> None:
         who = self.name or type(self).__name__
         if test_sets is not None and not isinstance(test_sets, Mapping):
-            raise _bad(who, "test_sets", "a mapping of test-set name -> row indices", test_sets)
+            raise bad(who, "test_sets", "a mapping of test-set name -> row indices", test_sets)
         names = ["test", *(test_sets or {})]
         if not isinstance(check_on, str) or check_on not in names:
-            raise _bad(who, "check_on", f"one of the test sets ({', '.join(map(repr, names))})", check_on)
+            raise bad(who, "check_on", f"one of the test sets ({', '.join(map(repr, names))})", check_on)
         for name in ("min_removed", "max_cost"):
             v = min_removed if name == "min_removed" else max_cost
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
-                raise _bad(who, name, "a finite number (a fraction)", v)
+                raise bad(who, name, "a finite number (a fraction)", v)
         if random_state is not None:
-            _check_int(who, "random_state", random_state, 0)
+            check_int(who, "random_state", random_state, 0)
         ParentProbe(n_folds=n_folds, Cs=Cs)._params()  # the probe's settings, checked before any work
         self.test_sets = dict(test_sets or {})
         self.check_on = check_on

@@ -3,7 +3,7 @@
 The probes fit many multinomial logistic regressions (one per class, fold and regularisation
 value). Each is scikit-learn's ``LogisticRegression(C=C, tol=tol, max_iter=max_iter)`` objective
 and stopping rule, minimised by L-BFGS with the iterates of scipy's L-BFGS-B, the optimiser
-scikit-learn uses (`probes._lbfgs`; tested to give scipy's iterates)::
+scikit-learn uses (`probes.lbfgs`; tested to give scipy's iterates)::
 
     f(W, c) = 1/n * sum_i [logsumexp_k (x_i W_k + c_k) - (x_i W_{y_i} + c_{y_i})]
               + 1 / (2 C n) * ||W||_F^2          (intercept c unpenalised)
@@ -16,7 +16,7 @@ it), and because it is one scalar the stopping rule ``max |grad_w| <= tol`` is a
 (as ``max |grad_v| <= a tol``). Only the two matrix
 products of each evaluation run in float32 (the parameters, the line search and the sums
 stay in float64), which makes an evaluation 2-3x cheaper than scikit-learn's float64 one on
-the same BLAS. The L-BFGS recursion runs in numpy (`probes._lbfgs`) rather than in scipy's
+the same BLAS. The L-BFGS recursion runs in numpy (`probes.lbfgs`) rather than in scipy's
 ``setulb``, whose bookkeeping for bounds cost as much as the evaluations (on 1,875 x 513 x 250
 one fit took 0.16 s of CPU against scipy's 0.22-0.35 s, same iterations); while it ran, the
 BLAS threads spun idle. A warm start (``W0``, ``c0``) continues from another fit.
@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ._lbfgs import lbfgs
+from .lbfgs import lbfgs
 
 # Multiply-adds per matrix product below which BLAS runs on one thread: waking a second
 # thread for a product of a few milliseconds costs more than it saves on a loaded machine
@@ -115,7 +115,7 @@ def fit_multinomial(
             scikit-learn does (group identifiability's fit, kept as it was measured). The
             objective and the stopping rule are the same; the iterates, and so the early-
             stopped solution, differ slightly.
-        solver: "lbfgs" (`probes._lbfgs`: L-BFGS-B's iterates without its bookkeeping) or
+        solver: "lbfgs" (`probes.lbfgs`: L-BFGS-B's iterates without its bookkeeping) or
             "scipy" (``scipy.optimize.minimize(method="L-BFGS-B")``, the reference it is tested
             against).
 
