@@ -18,7 +18,7 @@ import yaml
 from shortcutlab.sweep import LocalExecutor
 from shortcutlab.sweep.config import validate
 from shortcutlab.sweep.runner import results_table, run_sweep
-from shortcutlab.sweep.tasks import task_dir
+from shortcutlab.sweep.folder import task_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
