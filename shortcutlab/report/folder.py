@@ -17,7 +17,7 @@ import pandas as pd
 
 from shortcutlab.errors import ShortcutlabError
 from shortcutlab.paths import TASK_ID, check_id, inside, wrong_kind
-from shortcutlab.sweep.folder import SweepLayout
+from shortcutlab.sweep.folder import SweepLayout, TaskFolder
 
 
 class ReportError(ShortcutlabError):
@@ -188,17 +188,17 @@ class SweepFolder:
     def _split_files(self, split_id: str) -> dict:
         """The crop manifest, split manifest, manifest columns and geometry flag of a split
         task (None / {} where not on disk)."""
-        folder = self._task("split", split_id)
-        split = self.layout.task("split", split_id).split
+        task = TaskFolder(self._task("split", split_id))
+        split = task.split
         try:
-            with open(self.layout.task("split", split_id).result, encoding="utf-8") as f:
+            with open(task.result, encoding="utf-8") as f:
                 res = json.load(f)["result"]
             manifest = res["manifest"]
         except (OSError, KeyError, TypeError, json.JSONDecodeError):
             res, manifest = {}, None
         if isinstance(manifest, str) and not os.path.isabs(manifest):
             # a benchmark the sweep made lies inside it (a user's own manifest is recorded absolute)
-            inside(self.path, manifest, f"{folder}/result.json: crop manifest", ReportError)
+            inside(self.path, manifest, f"{task.result}: crop manifest", ReportError)
             manifest = os.path.join(self.path, manifest)
         elif not isinstance(manifest, str):
             manifest = None
@@ -216,7 +216,7 @@ class SweepFolder:
             files = self._split_files(m["split_id"]) if m.get("split_id") else dict(manifest=None, split=None)
             out.append(ModelRef(model=tid, condition=str(m.get("condition", "")), arch=str(m.get("arch", "")),
                                 seed=int(m.get("seed", 0)), exposure=str(m.get("exposure") or ""), cell=str(m.get("cell") or ""),
-                                run_dir=run if run and os.path.isfile(self.layout.task("train", tid).run_record) else None,
+                                run_dir=run if run and os.path.isfile(TaskFolder(run).run_record) else None,
                                 **files))
         return out
 

@@ -31,8 +31,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shortcutlab.io import MARKER, claim_output_dir, read_json_object, write_marker
+
+if TYPE_CHECKING:
+    from shortcutlab.sweep.graph import Task
 
 CONFIG = "sweep.json"
 LOCK = ".sweep.lock"
@@ -217,7 +221,7 @@ def task_dir(root: str, kind: str, tid: str) -> str:
     return SweepLayout(root).task_dir(kind, tid)
 
 
-def is_done(root: str, task) -> bool:
+def is_done(root: str, task: Task) -> bool:
     """Whether `task` (a `graph.Task`) of the sweep in `root` is finished (`SweepLayout.is_done`)."""
     return SweepLayout(root).is_done(task.kind, task.id)
 
