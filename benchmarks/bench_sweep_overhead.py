@@ -26,7 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shortcutlab.sweep.config import validate  # noqa: E402
 from shortcutlab.sweep.runner import run_sweep  # noqa: E402
-from shortcutlab.sweep.tasks import _RUNNERS, build_plan, task_dir  # noqa: E402
+from shortcutlab.sweep.folder import TaskFolder, task_dir  # noqa: E402
+from shortcutlab.sweep.plan import build_plan  # noqa: E402
+from shortcutlab.sweep.tasks import RUNNERS  # noqa: E402
 
 
 def config(n_seeds: int) -> dict:
@@ -48,8 +50,8 @@ def plain_loop(cfg, root: str) -> None:
     for task in build_plan(cfg).graph.ordered():
         folder = task_dir(root, task.kind, task.id)
         os.makedirs(folder)
-        result = _RUNNERS[task.kind](task, root, folder, folder)
-        with open(os.path.join(folder, "result.json"), "w") as f:
+        result = RUNNERS[task.kind](task, root, folder, folder)
+        with open(TaskFolder(folder).result, "w") as f:
             json.dump({"result": result}, f)
 
 
@@ -58,7 +60,7 @@ def timed_sweep(cfg, root: str) -> tuple[float, float]:
     from shortcutlab.sweep import tasks
 
     inside = [0.0]
-    real = dict(tasks._RUNNERS)
+    real = dict(tasks.RUNNERS)
 
     def timed(fn):
         def run(*a):
@@ -70,13 +72,13 @@ def timed_sweep(cfg, root: str) -> tuple[float, float]:
 
         return run
 
-    tasks._RUNNERS.update({k: timed(f) for k, f in real.items()})
+    tasks.RUNNERS.update({k: timed(f) for k, f in real.items()})
     try:
         t0 = time.perf_counter()
         run_sweep(cfg, root, progress=True)
         return time.perf_counter() - t0, inside[0]
     finally:
-        tasks._RUNNERS.update(real)
+        tasks.RUNNERS.update(real)
 
 
 def main() -> None:

@@ -704,7 +704,9 @@ def cmd_sweep(args) -> int:
     ran = summary["n_tasks"] - sum(summary["done_before"].values())
     print(f"sweep: {summary['n_tasks']} tasks ({ran} run now, {summary['n_tasks'] - ran} already done), "
           f"{summary['n_models']} models, {summary['seconds']:.1f} s")
-    print(f"wrote {os.path.join(args.out, 'predictions.parquet')} (.csv), results.parquet (.csv), splits.json, sweep.json")
+    from shortcutlab.sweep.folder import SweepLayout
+
+    print(f"wrote {SweepLayout(args.out).table('predictions')} (.csv), results.parquet (.csv), splits.json, sweep.json")
     return 0
 
 

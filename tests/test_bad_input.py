@@ -2004,7 +2004,7 @@ def test_sweep_cli_never_overwrites_a_foreign_file(tmp_path, capsys):
 
 def test_a_sweep_folder_is_marked_before_any_task_and_stays_claimable(tmp_path):
     from shortcutlab.io import read_marker
-    from shortcutlab.sweep.runner import claim_sweep_dir
+    from shortcutlab.sweep.folder import claim_sweep_dir
 
     out = tmp_path / "S"
     claim_sweep_dir(str(out))  # what run_sweep does before the lock and the first task
@@ -2072,7 +2072,7 @@ def test_a_killed_runs_temporaries_are_removed_and_a_live_runs_kept(tmp_path, ca
         assert not stale.exists() and not stale_old.exists() and running.exists() and other.exists()
         assert "removed 2 stale temporaries" in err and stale.name in err
         # a killed file write inside a sweep folder: its staged file is removed, a live one kept
-        from shortcutlab.sweep.runner import claim_sweep_dir
+        from shortcutlab.sweep.folder import claim_sweep_dir
 
         s = tmp_path / "S"
         claim_sweep_dir(str(s))

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from shortcutlab.sweep.config import SweepConfigError, load_config, validate
-from shortcutlab.sweep.tasks import build_plan
+from shortcutlab.sweep.plan import build_plan
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "sweep_minimal.yaml")
 

@@ -40,7 +40,7 @@ def external(tmp_path_factory):
 def test_a_wrapped_model_is_scored_not_trained_on_the_common_test_set(external):
     from shortcutlab.data.images import load_crops
     from shortcutlab.models.recipe import load_manifest_table
-    from shortcutlab.sweep.tasks import read_result, task_dir
+    from shortcutlab.sweep.folder import read_result, task_dir
 
     d, model, out, summary = external
     assert summary["counts"] == {"synthesise": 1, "split": 1, "score": 1, "diagnose": 1}  # no train task
@@ -105,7 +105,7 @@ def test_a_sweep_on_a_manifest_written_to_disk_gives_the_runs_predictions_and_th
     from shortcutlab.cli import main
     from shortcutlab.stats import protocol_effect
     from shortcutlab.synth import SynthConfig, synthesize, write_synth
-    from shortcutlab.sweep.tasks import task_dir
+    from shortcutlab.sweep.folder import task_dir
 
     data = synthesize(SynthConfig(mechanisms=("color",), fields_per_class=8, crop_size=16, field_size=64, seed=5))
     manifest = write_synth(data, tmp_path / "bench")["manifest"]

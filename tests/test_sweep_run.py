@@ -18,7 +18,7 @@ import yaml
 from shortcutlab.sweep import LocalExecutor
 from shortcutlab.sweep.config import validate
 from shortcutlab.sweep.runner import results_table, run_sweep
-from shortcutlab.sweep.tasks import task_dir
+from shortcutlab.sweep.folder import task_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,6 +110,70 @@ def test_one_and_two_workers_give_identical_tables(tiny, tmp_path):
     run_sweep(validate(TINY), str(tmp_path), LocalExecutor(workers=2), progress=False)
     for name in ("predictions.parquet", "results.parquet"):
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / name), pd.read_parquet(os.path.join(out, name)))
+
+
+def test_every_file_in_a_sweep_folder_is_one_its_layout_names(tiny):
+    # the folder walked on disk (os.walk, not the layout) against the names SweepLayout gives,
+    # with the files of the outputs nested in task folders named by their own modules
+    from shortcutlab.data.manifest import sidecar_path
+    from shortcutlab.io import MARKER
+    from shortcutlab.models.recipe import RUN_FILES
+    from shortcutlab.sweep.folder import SweepLayout, TaskFolder
+    from shortcutlab.sweep.plan import build_plan
+    from shortcutlab.synth import SYNTH_FILES
+
+    out, _ = tiny
+    layout = SweepLayout(out)
+    on_disk = {os.path.relpath(os.path.join(d, n), out) for d, _, names in os.walk(out) for n in names}
+    named = {layout.config, layout.lock, layout.marker, *layout.outputs().values()}
+    nested = {}  # a folder another output writes whole -> the top names that output may hold
+    for t in build_plan(validate(TINY)).graph.ordered():
+        task = layout.task(t.kind, t.id)
+        named.add(task.result)
+        if t.kind == "synthesise":
+            nested[task.benchmark] = {n.rstrip("/") for n in SYNTH_FILES} | {MARKER}
+        elif t.kind == "split":
+            named |= {task.split, sidecar_path(task.split)}
+        elif t.kind == "train":
+            named |= {task.run_record, task.run_logits}
+            nested[task.path] = {n.rstrip("/") for n in RUN_FILES} | {MARKER}
+        elif t.kind == "score":
+            named.add(task.predictions)
+    named_rel = {os.path.relpath(p, out) for p in named}
+    assert named_rel <= on_disk  # everything the layout names for this sweep was written
+    for rel in sorted(on_disk - named_rel):
+        owner = next((f for f in nested if os.path.join(out, rel).startswith(f + os.sep)), None)
+        assert owner is not None, f"{rel} is in the sweep folder but its layout does not name it"
+        assert os.path.relpath(os.path.join(out, rel), owner).split(os.sep)[0] in nested[owner], rel
+    # the same names, by hand from the README's description of the folder
+    assert TaskFolder("t").benchmark_manifest == os.path.join("t", "benchmark", "manifest.csv")
+    assert layout.task("score", "ab").predictions == os.path.join(out, "tasks", "score", "ab", "predictions.parquet")
+    assert layout.table("results", "csv") == os.path.join(out, "results.csv")
+    assert layout.report == os.path.join(out, "report") and layout.splits == os.path.join(out, "splits.json")
+
+
+def test_the_report_reads_the_paths_of_the_layout_wherever_the_folder_lies(tiny, tmp_path):
+    # a sweep folder moved elsewhere: the report's view of it points where the moved layout says
+    import shutil
+
+    from shortcutlab.report import SweepFolder
+    from shortcutlab.sweep.folder import SweepLayout
+    from shortcutlab.sweep.plan import build_plan
+
+    out, _ = tiny
+    moved = str(tmp_path / "moved")
+    shutil.copytree(out, moved, symlinks=True)
+    layout = SweepLayout(moved)
+    plan = build_plan(validate(TINY))
+    synth = next(t.id for t in plan.graph.ordered() if t.kind == "synthesise")
+    models = SweepFolder(moved).models()
+    assert sorted(m.model for m in models) == sorted(m["model"] for m in plan.models)
+    for m in models:
+        entry = next(e for e in plan.models if e["model"] == m.model)
+        assert m.run_dir == layout.task_dir("train", m.model) and os.path.isfile(os.path.join(m.run_dir, "run.json"))
+        assert m.split == layout.task("split", entry["split_id"]).split and os.path.isfile(m.split)
+        assert m.manifest == layout.task("synthesise", synth).benchmark_manifest and os.path.isfile(m.manifest)
+        assert m.run_dir.startswith(moved + os.sep)
 
 
 def _task_folders(out: str, kind: str) -> tuple[list[str], list[str]]:

@@ -181,7 +181,7 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
     from shortcutlab.stats import estimates
 
     folder = SweepFolder(sweep_dir)
-    out = os.path.abspath(os.fspath(out) if out is not None else os.path.join(folder.path, "report"))
+    out = os.path.abspath(os.fspath(out) if out is not None else folder.layout.report)
     _check_out(out)
     pred, results = folder.predictions, folder.results
     caught: list[str] = []

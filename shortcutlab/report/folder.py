@@ -3,7 +3,8 @@
 A sweep folder (written by `shortcutlab sweep`) holds ``sweep.json`` (the resolved config,
 the model entries, versions), ``predictions.parquet`` (or ``.csv``), ``results.parquet`` (or
 ``.csv``) and ``tasks/<kind>/<id>/`` folders. The rest of the report reads the folder only
-through `SweepFolder`, so a change of layout is adapted here.
+through `SweepFolder`, which takes every path from the sweep's own layout
+(`shortcutlab.sweep.folder.SweepLayout`), so a change of layout is made there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 
 from shortcutlab.errors import ShortcutlabError
 from shortcutlab.paths import TASK_ID, check_id, inside, wrong_kind
+from shortcutlab.sweep.folder import SweepLayout, TaskFolder
 
 
 class ReportError(ShortcutlabError):
@@ -52,7 +54,7 @@ class ModelRef:
 def _read_table(folder: str, stem: str, required: bool) -> pd.DataFrame | None:
     """``stem.parquet`` (else ``stem.csv``) of the folder; one-line errors for a corrupt file."""
     for ext in ("parquet", "csv"):
-        path = os.path.join(folder, f"{stem}.{ext}")
+        path = SweepLayout(folder).table(stem, ext)
         if not os.path.isfile(path):
             continue
         try:
@@ -87,6 +89,12 @@ class SweepFolder:
     Args:
         path: the sweep folder.
 
+    Attributes:
+        path: the sweep folder, absolute.
+        layout: its `SweepLayout` (where each of its files lies).
+        meta: sweep.json ({} when the folder has none).
+        predictions, results: its two tables (results None when it has none).
+
     Raises:
         ReportError: the folder is missing, holds no predictions table, or a table or
             sweep.json is corrupt.
@@ -94,6 +102,7 @@ class SweepFolder:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.path.abspath(os.fspath(path))
+        self.layout = SweepLayout(self.path)
         if wrong_kind(self.path, "folder"):
             raise ReportError(f"sweep folder {os.fspath(path)!r} {wrong_kind(self.path, 'folder')}")
         self.meta = self._read_meta()
@@ -117,7 +126,7 @@ class SweepFolder:
                     self.results[col] = self.results[col].fillna("").astype(str)
 
     def _read_meta(self) -> dict:
-        path = os.path.join(self.path, "sweep.json")
+        path = self.layout.config
         if not os.path.isfile(path):
             return {}
         try:
@@ -148,8 +157,8 @@ class SweepFolder:
     # --- the task folders -----------------------------------------------------------------
     def _task(self, kind: str, tid: str) -> str:
         """The folder of a task whose id was checked (`_model_entries`): it stays inside the sweep folder."""
-        inside(self.path, os.path.join("tasks", kind, tid), f"the folder of {kind} task {tid!r}", ReportError)
-        return os.path.join(self.path, "tasks", kind, tid)
+        inside(self.path, self.layout.task_relpath(kind, tid), f"the folder of {kind} task {tid!r}", ReportError)
+        return self.layout.task_dir(kind, tid)
 
     def _model_entries(self) -> list[dict]:
         """sweep.json's model entries, checked before any path is built from them: the ids are
@@ -179,17 +188,17 @@ class SweepFolder:
     def _split_files(self, split_id: str) -> dict:
         """The crop manifest, split manifest, manifest columns and geometry flag of a split
         task (None / {} where not on disk)."""
-        folder = self._task("split", split_id)
-        split = os.path.join(folder, "split.csv")
+        task = TaskFolder(self._task("split", split_id))
+        split = task.split
         try:
-            with open(os.path.join(folder, "result.json"), encoding="utf-8") as f:
+            with open(task.result, encoding="utf-8") as f:
                 res = json.load(f)["result"]
             manifest = res["manifest"]
         except (OSError, KeyError, TypeError, json.JSONDecodeError):
             res, manifest = {}, None
         if isinstance(manifest, str) and not os.path.isabs(manifest):
             # a benchmark the sweep made lies inside it (a user's own manifest is recorded absolute)
-            inside(self.path, manifest, f"{folder}/result.json: crop manifest", ReportError)
+            inside(self.path, manifest, f"{task.result}: crop manifest", ReportError)
             manifest = os.path.join(self.path, manifest)
         elif not isinstance(manifest, str):
             manifest = None
@@ -207,7 +216,7 @@ class SweepFolder:
             files = self._split_files(m["split_id"]) if m.get("split_id") else dict(manifest=None, split=None)
             out.append(ModelRef(model=tid, condition=str(m.get("condition", "")), arch=str(m.get("arch", "")),
                                 seed=int(m.get("seed", 0)), exposure=str(m.get("exposure") or ""), cell=str(m.get("cell") or ""),
-                                run_dir=run if run and os.path.isfile(os.path.join(run, "run.json")) else None,
+                                run_dir=run if run and os.path.isfile(TaskFolder(run).run_record) else None,
                                 **files))
         return out
 

@@ -170,8 +170,9 @@ def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_d
     """
     from shortcutlab.data.manifest import SplitManifest
     from shortcutlab.sweep.config import validate
+    from shortcutlab.sweep.folder import SweepLayout
+    from shortcutlab.sweep.plan import build_plan
     from shortcutlab.sweep.runner import run_sweep
-    from shortcutlab.sweep.tasks import build_plan, read_result, task_dir
 
     scfg = validate(sweep_config(mechanisms, seed, cfg), source="demo")
     root = os.path.abspath(os.path.join(out_dir, "sweep"))
@@ -181,23 +182,24 @@ def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_d
     cond_dir = os.path.join(out_dir, f"{name}_seed{seed}")
     synth_id = next(t.id for t in plan.graph.ordered() if t.kind == "synthesise")
     split_id = plan.models[0]["split_id"]
-    split_path = os.path.join(task_dir(root, "split", split_id), "split.csv")
-    _link(os.path.join(task_dir(root, "synthesise", synth_id), "benchmark"), os.path.join(cond_dir, "benchmark"))
+    layout = SweepLayout(root)
+    synth = layout.task("synthesise", synth_id)
+    split_path = layout.task("split", split_id).split
+    _link(synth.benchmark, os.path.join(cond_dir, "benchmark"))
     _link(split_path, os.path.join(cond_dir, "split.csv"))
-    table = CropTable.from_csv(os.path.join(task_dir(root, "synthesise", synth_id), "benchmark", "manifest.csv"),
-                               id="id", label="label", parent="parent", box="x,y,w,h")
+    table = CropTable.from_csv(synth.benchmark_manifest, id="id", label="label", parent="parent", box="x,y,w,h")
     split = SplitManifest.read(split_path)
     no_shared = _no_shared_pixels(table, split)
     rows = []
     for m in plan.models:
         cell = m["cell"]
-        run_dir = task_dir(root, "train", m["model"])
-        _link(run_dir, os.path.join(cond_dir, cell))
-        rec = read_result(root, "train", m["model"])
-        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+        run = layout.task("train", m["model"])
+        _link(run.path, os.path.join(cond_dir, cell))
+        rec = layout.read_result("train", m["model"])
+        with open(run.run_record, encoding="utf-8") as f:
             durations = json.load(f)["durations_s"]
         subset = no_shared[cell.split("-")[1]]
-        logits = pd.read_csv(os.path.join(run_dir, "logits.csv"), usecols=["id", "split", "label", "pred"], dtype={"id": str})
+        logits = pd.read_csv(run.run_logits, usecols=["id", "split", "label", "pred"], dtype={"id": str})
         test = logits[(logits["split"] == "test") & logits["id"].isin(subset)]
         rows.append(
             {
@@ -266,7 +268,7 @@ def demo_files(cfg: DemoConfig) -> list[str]:
 def _is_legacy_demo(out: str) -> bool:
     """A demo folder written before output markers: its summary.json is a demo's, or its
     sweep/ folder is a sweep (a demo stopped before its summary)."""
-    from shortcutlab.sweep.runner import is_legacy_sweep
+    from shortcutlab.sweep.folder import is_legacy_sweep
 
     try:
         with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:

@@ -4,7 +4,7 @@
 
 - ``sweep.json``: the resolved config, the task counts, the model entries and the package
   versions (written first, before any task runs);
-- ``tasks/<kind>/<id>/``: one folder per task (see `tasks`);
+- ``tasks/<kind>/<id>/``: one folder per task (see `tasks`; the layout is `folder.SweepLayout`);
 - ``predictions.parquet`` / ``.csv``: one row per model x intervention x test crop;
 - ``results.parquet`` / ``.csv``: one row per model x diagnostic x setting x metric;
 - ``splits.json``: every split's hash and parameters.
@@ -26,11 +26,13 @@ from typing import Any
 import pandas as pd
 
 from shortcutlab.errors import ShortcutlabError
-from shortcutlab.io import atomic_files, check_writable, claim_output_dir, read_json_object, write_json, write_marker
+from shortcutlab.io import atomic_files, check_writable, write_json
 from shortcutlab.paths import wrong_kind
 from shortcutlab.sweep.config import SweepConfig, load_config
 from shortcutlab.sweep.executors import Executor, LocalExecutor
-from shortcutlab.sweep.tasks import KINDS, Plan, TaskRunner, build_plan, is_done, read_result, task_dir
+from shortcutlab.sweep.folder import SweepLayout, claim_sweep_dir, is_done
+from shortcutlab.sweep.plan import Plan, build_plan
+from shortcutlab.sweep.tasks import KINDS, TaskRunner
 
 #: the key columns of every model, in the tables' order
 KEY_COLUMNS = ("model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity")
@@ -64,7 +66,7 @@ def _lock(out_dir: str):
     kernel if the process dies, so a killed sweep never leaves a stale lock)."""
     import fcntl
 
-    path = os.path.join(out_dir, ".sweep.lock")
+    path = SweepLayout(out_dir).lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -76,36 +78,11 @@ def _lock(out_dir: str):
         os.close(fd)
 
 
-#: what a sweep writes in its folder (``name/``: a folder it owns whole); ``report/`` is the
-#: default folder of its report
-SWEEP_FILES = ("sweep.json", ".sweep.lock", "tasks/", "predictions.parquet", "predictions.csv", "results.parquet",
-               "results.csv", "splits.json", "report/")
-
-
-def is_legacy_sweep(out_dir: str) -> bool:
-    """A sweep folder written before output markers: its sweep.json is a sweep's (or it holds
-    only the lock of a sweep killed before it wrote one)."""
-    path = os.path.join(out_dir, "sweep.json")
-    if not os.path.exists(path):
-        return os.listdir(out_dir) == [".sweep.lock"]
-    d = read_json_object(path)
-    return d is not None and isinstance(d.get("config"), dict) and isinstance(d.get("tasks"), list)
-
-
-def claim_sweep_dir(out_dir: str) -> None:
-    """Refuse a folder holding files that no sweep wrote (`io.claim_output_dir`), and mark a
-    new (or earlier, unmarked) sweep folder as one before anything else is written there, so
-    that a sweep killed at any point can resume."""
-    claim_output_dir(out_dir, "sweep", SWEEP_FILES, is_legacy_sweep)
-    os.makedirs(out_dir, exist_ok=True)
-    write_marker(out_dir, "sweep", SWEEP_FILES)
-
-
 def _clean_temporaries(out_dir: str) -> int:
     """Remove the temporary folders a killed sweep left beside its task folders."""
     n = 0
     for kind in KINDS:
-        folder = os.path.join(out_dir, "tasks", kind)
+        folder = SweepLayout(out_dir).kind_dir(kind)
         if not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
@@ -142,10 +119,11 @@ def trained_on_other_devices(out_dir: str, device: str) -> dict[str, int]:
     a sweep run again with another device trains these models anew."""
     import json
 
-    folder = os.path.join(out_dir, "tasks", "train")
+    layout = SweepLayout(out_dir)
+    folder = layout.kind_dir("train")
     out: dict[str, int] = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        path = os.path.join(folder, name, "result.json")
+        path = layout.task("train", name).result
         if name.startswith(".") or not os.path.isfile(path):
             continue
         try:
@@ -195,12 +173,12 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
         return summary
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise SweepError(f"sweep folder {out_dir!r} is a file; choose a folder")
-    check_writable(os.path.join(out_dir, "sweep.json"))
+    check_writable(SweepLayout(out_dir).config)
     claim_sweep_dir(out_dir)
     executor = executor or LocalExecutor(workers=1)
     with _lock(out_dir):
         _clean_temporaries(out_dir)
-        write_json(os.path.join(out_dir, "sweep.json"), {
+        write_json(SweepLayout(out_dir).config, {
             "config": cfg.to_dict(), "config_file": cfg.raw, "counts": counts, "models": plan.models, "splits": plan.splits,
             "tasks": [{"id": t.id, "kind": t.kind, "deps": list(t.deps)} for t in tasks],
             "versions": versions(), "executor": getattr(executor, "name", type(executor).__name__),
@@ -247,16 +225,17 @@ def gather(out_dir: str, plan: Plan) -> dict[str, str]:
 
     from shortcutlab.stats import wilson_interval
 
+    layout = SweepLayout(out_dir)
     preds, results, splits = [], [], {}
     keys, shas, n_pred, n_res = [], [], [], []
     for m in plan.models:
         keys.append({k: m[k] for k in KEY_COLUMNS + EXTRA_KEY_COLUMNS})
-        sres = read_result(out_dir, "score", m["score"])
+        sres = layout.read_result("score", m["score"])
         sha = sres["split_sha256"]
         shas.append(sha)
         if m["split_id"]:
             splits[m["split_id"]] = sha
-        p = pd.read_parquet(os.path.join(task_dir(out_dir, "score", m["score"]), "predictions.parquet"))
+        p = pd.read_parquet(layout.task("score", m["score"]).predictions)
         preds.append(p.drop(columns=["row", "label_name"], errors="ignore"))
         n_pred.append(len(p))
         rows = []
@@ -272,7 +251,7 @@ def gather(out_dir: str, plan: Plan) -> dict[str, str]:
                 rows.append({"diagnostic": "interventions", "setting": f"intervention={setting}",
                              "metric": "accuracy_change", "value": acc - base, "ci_low": np.nan, "ci_high": np.nan, "n": n})
         if m["diagnose"]:
-            with open(os.path.join(task_dir(out_dir, "diagnose", m["diagnose"]), "rows.json"), encoding="utf-8") as f:
+            with open(layout.task("diagnose", m["diagnose"]).rows, encoding="utf-8") as f:
                 rows += json.load(f)
         results.extend(rows)
         n_res.append(len(rows))
@@ -302,9 +281,8 @@ def gather(out_dir: str, plan: Plan) -> dict[str, str]:
         res[c] = pd.to_numeric(res[c], errors="coerce").astype(float)
     res["n"] = pd.to_numeric(res["n"], errors="coerce").fillna(-1).astype("int64")
     pred = pred.astype({"seed": "int64", "label": "int64", "pred": "int64", "correct": bool})
-    split_rows = [{**s, "sha256": splits.get(s["split"]) or read_result(out_dir, "split", s["split"])["sha256"]} for s in plan.splits]
-    paths = {name: os.path.join(out_dir, name) for name in
-             ("predictions.parquet", "predictions.csv", "results.parquet", "results.csv", "splits.json")}
+    split_rows = [{**s, "sha256": splits.get(s["split"]) or layout.read_result("split", s["split"])["sha256"]} for s in plan.splits]
+    paths = layout.outputs()
     with atomic_files() as stage:
         pred.to_parquet(stage.path(paths["predictions.parquet"]), index=False)
         pred.to_csv(stage.path(paths["predictions.csv"]), index=False)
@@ -316,7 +294,7 @@ def gather(out_dir: str, plan: Plan) -> dict[str, str]:
 
 def _read_parquet(out_dir: str, name: str, required: bool = True) -> pd.DataFrame | None:
     out_dir = os.fspath(out_dir)
-    path = os.path.join(out_dir, f"{name}.parquet")
+    path = SweepLayout(out_dir).table(name)
     if not os.path.isdir(out_dir):
         raise SweepError(f"sweep folder {out_dir!r} {wrong_kind(out_dir, 'folder')}")
     if not os.path.isfile(path):
@@ -334,11 +312,11 @@ def read_predictions(out_dir: str) -> pd.DataFrame:
     pred = _read_parquet(out_dir, "predictions")
     missing = [c for c in ("model", "condition", "arch", "cell", "intervention", "correct") if c not in pred.columns]
     if missing:
-        path = os.path.join(os.fspath(out_dir), "predictions.parquet")
+        path = SweepLayout(out_dir).table("predictions")
         raise SweepError(f"{path!r} lacks the columns {', '.join(missing)}; it was not written by `shortcutlab sweep`")
     from shortcutlab.stats import StatsError, correct_as_float
 
-    path = os.path.join(os.fspath(out_dir), "predictions.parquet")
+    path = SweepLayout(out_dir).table("predictions")
     if len(pred) == 0:
         raise SweepError(f"{path!r} holds no rows: the sweep scored no crops, so there is nothing to summarise")
     try:

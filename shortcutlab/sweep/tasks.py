@@ -1,4 +1,4 @@
-"""The tasks of a sweep: the graph a config expands to, and the function that runs one task.
+"""The tasks of a sweep: the function that runs one task, for every kind of task.
 
 Kinds, each reading its inputs from the folders of the tasks it depends on:
 
@@ -9,11 +9,10 @@ Kinds, each reading its inputs from the folders of the tasks it depends on:
   and under each intervention (`probes.interventions_accuracy.score_interventions`);
 - ``diagnose`` (per trained model or checkpoint): the rows of `probes.diagnose`.
 
-A task's parameters carry everything it needs, including the ids of its inputs
-(``params["inputs"]``), so that two grid points needing the same benchmark, split or model name
-the same task. `run_task` writes the task's folder ``DIR/tasks/<kind>/<id>/`` as a whole
-(built under a temporary name and renamed, `io.atomic_dir`) with ``result.json`` inside; a
-task is done when its folder holds ``result.json``.
+The graph of these tasks is the config's plan (`plan.build_plan`). `run_task` writes the
+task's folder ``DIR/tasks/<kind>/<id>/`` (`folder.SweepLayout`) as a whole (built under a
+temporary name and renamed, `io.atomic_dir`) with ``result.json`` inside; a task is done when
+its folder holds ``result.json``.
 """
 
 from __future__ import annotations
@@ -21,163 +20,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 
 from shortcutlab.io import atomic_dir, file_sha256, to_json
-from shortcutlab.sweep.config import SweepConfig
-from shortcutlab.sweep.graph import Task, TaskGraph
+from shortcutlab.sweep.folder import BENCHMARK_MANIFEST, SweepLayout, TaskFolder
+from shortcutlab.sweep.graph import Task
+from shortcutlab.sweep.plan import checkpoint_key, wrapped_model_id
 
 KINDS = ("synthesise", "split", "train", "score", "diagnose")
-SCORE_BATCH = 256
-
-
-def task_dir(root: str, kind: str, tid: str) -> str:
-    return os.path.join(root, "tasks", kind, tid)
-
-
-def is_done(root: str, task: Task) -> bool:
-    return os.path.isfile(os.path.join(task_dir(root, task.kind, task.id), "result.json"))
-
-
-def read_result(root: str, kind: str, tid: str) -> dict:
-    with open(os.path.join(task_dir(root, kind, tid), "result.json"), encoding="utf-8") as f:
-        return json.load(f)["result"]
-
-
-# ------------------------------------------------------------------------------- the plan
-@dataclass
-class Plan:
-    """The task graph of a config and one entry per model (its key columns and task ids)."""
-
-    graph: TaskGraph
-    models: list[dict] = field(default_factory=list)
-    splits: list[dict] = field(default_factory=list)
-
-
-def _varying(dicts: list[dict]) -> list[str]:
-    keys = sorted({k for d in dicts for k in d})
-    return [k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in dicts}) > 1]
-
-
-def _setting(d: dict, keys: list[str]) -> str:
-    return ",".join(f"{k}={d[k]}" for k in keys if k in d)  # a setting the protocol does not take is left out
-
-
-def _factorial_parts(cell: str) -> tuple[str, str]:
-    if "-" in cell and cell.split("-")[0] in ("leak", "clean"):
-        exposure, diversity = cell.split("-", 1)
-        return exposure, diversity
-    return "", ""
-
-
-def build_plan(cfg: SweepConfig) -> Plan:
-    """Expand a validated config into its task graph (dependencies first) and model entries."""
-    g = TaskGraph()
-    plan = Plan(g)
-    res = {"cpu": cfg.threads, "gpu": 1 if cfg.device.startswith("cuda") else 0}
-    light = {"cpu": cfg.threads, "gpu": 0}
-    trains = [m.train for m in cfg.models if m.train is not None]
-    recipe_keys = _varying(trains)
-    split_keys = [k for k in _varying(list(cfg.split_params)) if k != "protocol"]
-    ivs = [[s, n, p] for s, n, p in cfg.interventions]
-    seen_models: set[str] = set()
-    for cond in cfg.conditions:
-        if cond.kind == "manifest":
-            data = {"kind": "manifest", **cond.params, "sha256": file_sha256(cond.params["path"])}
-        else:
-            data = {"kind": "synthetic"}
-        for seed in cfg.seeds:
-            inputs: dict = {}
-            deps: list[str] = []
-            if cond.kind == "synthetic":
-                sid = g.add("synthesise", {"synth": {**cond.params, "seed": seed}}, resources=light)
-                inputs, deps = {"synthesise": sid}, [sid]
-            for setting in cfg.split_params:
-                protocol = setting["protocol"]
-                sp = {k: v for k, v in setting.items() if k != "protocol"}
-                params = {"data": data, "protocol": protocol, "params": {**sp, "seed": seed}, "inputs": inputs}
-                split_id = g.add("split", params, deps, resources=light)
-                plan.splits.append({"split": split_id, "condition": cond.name, "seed": seed, "protocol": protocol,
-                                    "params": params["params"]})
-                cells = cfg.cells if cfg.cells is not None and protocol in ("factorial", "ladder") else ("",)
-                for m in cfg.models:
-                    if m.wrap is not None:  # a model trained elsewhere: scored on this split's test side, not trained
-                        plan.models.append(_wrapped_tasks(g, m.wrap, cond.name, seed, protocol, sp, split_keys, split_id, cells[0], ivs, res, cfg))
-                for m in trains:
-                    for cell in cells:
-                        tcfg = {**m, "seed": seed, "device": cfg.device}
-                        tid = g.add("train", {"train": tcfg, "cell": cell or None, "inputs": {"split": split_id}}, [split_id], resources=res)
-                        if tid in seen_models:
-                            continue
-                        seen_models.add(tid)
-                        exposure, diversity = _factorial_parts(cell) if protocol == "factorial" else ("", "")
-                        key = {"model": tid, "condition": cond.name, "arch": m["arch"], "seed": seed, "protocol": protocol,
-                               "cell": cell, "exposure": exposure, "diversity": diversity,
-                               "recipe": _setting(m, recipe_keys), "split_setting": _setting(sp, split_keys), "split_id": split_id}
-                        plan.models.append(_model_tasks(cfg, g, key, {"split": split_id, "train": tid}, [split_id, tid], seed, ivs, res))
-    for m in cfg.models:
-        if m.checkpoint is None:
-            continue
-        key = _checkpoint_key(m.checkpoint)
-        if key["model"] in seen_models:
-            continue
-        seen_models.add(key["model"])
-        inputs = {"checkpoint": m.checkpoint, "weights_sha256": key.pop("weights_sha256")}
-        plan.models.append(_model_tasks(cfg, g, key, inputs, [], key["seed"], ivs, res))
-    return plan
-
-
-def wrapped_model_id(wrap: dict, split_id: str) -> str:
-    """The `model` of a model trained elsewhere, scored on one split: a hash of its weights,
-    architecture, classes and the split (one scoring unit per split, as a trained model is)."""
-    from shortcutlab.sweep.graph import task_id
-
-    return task_id("wrapped", {k: wrap[k] for k in ("arch", "classes", "weights_sha256")}, [split_id])
-
-
-def _wrapped_tasks(g: TaskGraph, wrap: dict, condition: str, seed: int, protocol: str, sp: dict, split_keys: list, split_id: str,
-                   side_cell: str, ivs: list, res: dict, cfg) -> dict:
-    mid = wrapped_model_id(wrap, split_id)
-    key = {"model": mid, "condition": condition, "arch": wrap["arch"], "seed": seed, "protocol": protocol, "cell": "",
-           "exposure": "", "diversity": "", "recipe": f"weights={wrap['name']}", "split_setting": _setting(sp, split_keys),
-           "split_id": split_id}
-    # multi-cell splits share their test side (the common test set); the train side, which some
-    # diagnostics read, is that of the first cell the sweep lists
-    inputs = {"split": split_id, "wrap": {k: wrap[k] for k in ("arch", "weights", "classes", "weights_sha256")},
-              "side_cell": side_cell or None}
-    return _model_tasks(cfg, g, key, inputs, [split_id], seed, ivs, res)
-
-
-def _model_tasks(cfg, g: TaskGraph, key: dict, inputs: dict, deps: list, seed: int, ivs: list, res: dict) -> dict:
-    score = g.add("score", {"interventions": ivs, "seed": seed, "batch_size": SCORE_BATCH, "inputs": inputs}, deps, resources=res)
-    diag = ""
-    if cfg.diagnostics:
-        diag = g.add("diagnose", {"only": list(cfg.diagnostics), "params": cfg.diagnostic_params, "seed": seed,
-                                  "batch_size": SCORE_BATCH, "inputs": inputs}, deps, resources=res)
-    return {**key, "score": score, "diagnose": diag}
-
-
-def _checkpoint_key(path: str) -> dict:
-    from shortcutlab.data.manifest import read_sidecar
-    from shortcutlab.models.runs import read_record, weights_path
-    from shortcutlab.sweep.graph import task_id
-
-    rec = read_record(path)
-    weights = weights_path(path, rec)
-    if not os.path.isfile(weights):
-        from shortcutlab.models.runs import RunError
-
-        raise RunError(f"run folder {path!r} has no model weights ({os.path.basename(weights)} is missing)")
-    sha = file_sha256(weights)
-    cell = rec.get("cell") or ""
-    split = (rec.get("data") or {}).get("split")
-    meta = read_sidecar(split) if split and os.path.exists(split) else None
-    protocol = (meta or {}).get("protocol", "")
-    exposure, diversity = _factorial_parts(cell) if protocol == "factorial" else ("", "")
-    return {"model": task_id("checkpoint", {"weights_sha256": sha}), "condition": os.path.basename(os.path.normpath(path)),
-            "arch": rec["config"].get("arch", ""), "seed": int(rec["config"].get("seed", 0)), "protocol": protocol, "cell": cell,
-            "exposure": exposure, "diversity": diversity, "recipe": "checkpoint", "split_setting": "", "split_id": "",
-            "weights_sha256": sha}
 
 
 # ------------------------------------------------------------------------------- running
@@ -201,10 +50,11 @@ def run_task(task: Task, root: str) -> dict:
     import torch
 
     root = os.path.abspath(root)
-    final = task_dir(root, task.kind, task.id)
-    if is_done(root, task):
-        return read_result(root, task.kind, task.id)
-    fn = _RUNNERS[task.kind]
+    layout = SweepLayout(root)
+    final = layout.task_dir(task.kind, task.id)
+    if layout.is_done(task.kind, task.id):
+        return layout.read_result(task.kind, task.id)
+    fn = RUNNERS[task.kind]
     old = torch.get_num_threads()
     torch.set_num_threads(max(1, int(task.resources.get("cpu", 1))))
     t0 = time.perf_counter()
@@ -212,7 +62,7 @@ def run_task(task: Task, root: str) -> dict:
         os.makedirs(os.path.dirname(final), exist_ok=True)
         with atomic_dir(final) as tmp:
             result = fn(task, root, tmp, final)
-            with open(os.path.join(tmp, "result.json"), "w", encoding="utf-8") as f:
+            with open(TaskFolder(tmp).result, "w", encoding="utf-8") as f:
                 f.write(to_json({"id": task.id, "kind": task.kind, "params": task.params, "deps": list(task.deps),
                                  "result": result, "seconds": round(time.perf_counter() - t0, 3)}))
     finally:
@@ -221,8 +71,8 @@ def run_task(task: Task, root: str) -> dict:
 
 
 def _split_files(root: str, split_id: str) -> tuple[dict, str]:
-    res = read_result(root, "split", split_id)
-    return res, os.path.join(task_dir(root, "split", split_id), "split.csv")
+    layout = SweepLayout(root)
+    return layout.read_result("split", split_id), layout.task("split", split_id).split
 
 
 def _manifest_path(root: str, res: dict) -> str:
@@ -249,8 +99,8 @@ def _run_synthesise(task: Task, root: str, tmp: str, final: str) -> dict:
 
     threads = max(1, int(task.resources.get("cpu", 1)))
     data = synthesize(SynthConfig.from_dict(task.params["synth"]), workers=threads)
-    write_synth(data, os.path.join(tmp, "benchmark"), workers=threads)
-    return {"n_crops": len(data), "n_parents": int(data.table["parent"].nunique()), "manifest": "benchmark/manifest.csv"}
+    write_synth(data, TaskFolder(tmp).benchmark, workers=threads)
+    return {"n_crops": len(data), "n_parents": int(data.table["parent"].nunique()), "manifest": BENCHMARK_MANIFEST}
 
 
 def _run_split(task: Task, root: str, tmp: str, final: str) -> dict:
@@ -260,7 +110,7 @@ def _run_split(task: Task, root: str, tmp: str, final: str) -> dict:
     data = p["data"]
     if data["kind"] == "synthetic":
         sid = p["inputs"]["synthesise"]
-        manifest = os.path.relpath(os.path.join(task_dir(root, "synthesise", sid), "benchmark", "manifest.csv"), root)
+        manifest = os.path.relpath(SweepLayout(root).task("synthesise", sid).benchmark_manifest, root)
         res = {"manifest": manifest, "geometry": True,
                "columns": {"id": "id", "label": "label", "parent": "parent", "image": "path", "mask": "mask"}}
     else:
@@ -271,7 +121,7 @@ def _run_split(task: Task, root: str, tmp: str, final: str) -> dict:
         res = {"manifest": data["path"], "geometry": False, "columns": {k: data[k] for k in ("id", "label", "parent", "image", "mask")}}
     table = _table(root, res, box=True)
     split = make_split(table, p["protocol"], **p["params"])
-    sha = split.to_csv(os.path.join(tmp, "split.csv"))
+    sha = split.to_csv(TaskFolder(tmp).split)
     return {**res, "sha256": sha, "cells": [c for c in split.cells if c], "n_rows": int(len(split.assignments))}
 
 
@@ -285,7 +135,7 @@ def _run_train(task: Task, root: str, tmp: str, final: str) -> dict:
         tcfg[k] = tuple(tcfg[k])
     rec = train(_table(root, res), split_path, tmp, TrainConfig(**tcfg), cell=p["cell"], progress=False)
     # run.json names the folder it was written in: the final one, not the temporary one.
-    path = os.path.join(tmp, "run.json")
+    path = TaskFolder(tmp).run_record
     with open(path, encoding="utf-8") as f:
         run = json.load(f)
     run["out_dir"] = final
@@ -311,7 +161,7 @@ def _context(task: Task, root: str):
     if "checkpoint" in inputs:
         run = load_run(inputs["checkpoint"])
         crops, split, side = load_run_data(run)
-        model_id = _checkpoint_key(inputs["checkpoint"])["model"]
+        model_id = checkpoint_key(inputs["checkpoint"])["model"]
     elif "wrap" in inputs:
         res, split_path = _split_files(root, inputs["split"])
         table = _table(root, res)
@@ -321,7 +171,7 @@ def _context(task: Task, root: str):
         side = np.asarray(side_codes(table, split.cell(inputs.get("side_cell"))))
         model_id = wrapped_model_id(inputs["wrap"], inputs["split"])
     else:
-        run = load_run(task_dir(root, "train", inputs["train"]))
+        run = load_run(SweepLayout(root).task_dir("train", inputs["train"]))
         res, split_path = _split_files(root, inputs["split"])
         table = _table(root, res)
         crops = load_crops(table)
@@ -376,7 +226,7 @@ def _run_score(task: Task, root: str, tmp: str, final: str) -> dict:
     ctx, run, split = _context(task, root)
     frame = score_interventions(ctx, [tuple(s) for s in task.params["interventions"]])
     frame["label_name"] = [ctx.classes[k] for k in frame["label"]]
-    frame.to_parquet(os.path.join(tmp, "predictions.parquet"), index=False)
+    frame.to_parquet(TaskFolder(tmp).predictions, index=False)
     acc = {s: [int(g["correct"].sum()), int(len(g))] for s, g in frame.groupby("intervention", sort=False)}
     return {"split_sha256": split.hash, "correct_n": acc, "classes": ctx.classes}
 
@@ -392,9 +242,11 @@ def _run_diagnose(task: Task, root: str, tmp: str, final: str) -> dict:
     rows = probes.diagnose(ctx.adapter, ctx.crops, ctx.side, only=p["only"], params=p["params"], run_id=ctx.run_id,
                            batch_size=p["batch_size"], seed=p["seed"], preprocess=ctx.preprocess, log=log)
     records = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows.to_dict("records")]
-    with open(os.path.join(tmp, "rows.json"), "w", encoding="utf-8") as f:
+    with open(TaskFolder(tmp).rows, "w", encoding="utf-8") as f:
         f.write(to_json(records))
     return {"split_sha256": split.hash, "n_rows": len(records), "log": log}
 
 
-_RUNNERS = {"synthesise": _run_synthesise, "split": _run_split, "train": _run_train, "score": _run_score, "diagnose": _run_diagnose}
+#: the function of each task kind: ``fn(task, root, tmp, final) -> result``, writing the task's
+#: files in `tmp` (its folder under a temporary name; `final` is the name it will have)
+RUNNERS = {"synthesise": _run_synthesise, "split": _run_split, "train": _run_train, "score": _run_score, "diagnose": _run_diagnose}
