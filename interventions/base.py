@@ -309,6 +309,30 @@ def declares_targets(cls: type[Intervention] | Intervention) -> bool:
     return getattr(cls.targets_for, "__func__", None) is not Intervention.targets_for.__func__
 
 
+def check_targets(targets: Any, n_crops: int, owner: str) -> dict[str, Any] | None:
+    """Raise `InterventionError` unless `targets` is what `Intervention.targets_for` promises.
+
+    Args:
+        targets: a hook's result: None, or a dict keyword (str) -> array or tensor whose first
+            dimension is `n_crops`.
+        n_crops: the number of crops the hook was asked about.
+        owner: the intervention's name, for the message.
+
+    Returns:
+        `targets`, unchanged.
+    """
+    if targets is None:
+        return None
+    if not isinstance(targets, dict):
+        raise InterventionError(f"intervention {owner!r}: targets_for must return None or a dict keyword -> per-crop array; got {type(targets).__name__}")
+    for k, v in targets.items():
+        shape = tuple(getattr(v, "shape", ()))
+        if not isinstance(k, str) or not shape or shape[0] != n_crops:
+            raise InterventionError(f"intervention {owner!r}: targets_for gave {k!r} of shape {shape}; expected an array or tensor "
+                                    f"with one row per crop ({n_crops}, ...)")
+    return targets
+
+
 def target_rows(targets: dict[str, Any], rows: Any, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """The rows of a batch from per-crop targets (`Intervention.targets_for`), as tensors.
 

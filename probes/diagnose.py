@@ -170,7 +170,8 @@ def intervention_targets(crops, split, names: Sequence[str] | None = None, seed:
         ``{name: {keyword: (N, ...) array or tensor}}`` aligned with the table's rows.
 
     Raises:
-        InterventionError: an unknown name, or a hook that cannot give its targets.
+        InterventionError: an unknown name, a hook that cannot give its targets, or one whose
+            result is not a dict of arrays with one row per crop.
 
     Example:
         >>> targets = intervention_targets(crops, "split.csv", seed=0)  # doctest: +SKIP
@@ -187,7 +188,7 @@ def intervention_targets(crops, split, names: Sequence[str] | None = None, seed:
         split = SplitManifest.read(split)
     out = {}
     for name, cls in classes.items():
-        targets = cls.targets_for(crops, split, seed=seed)
+        targets = interventions.check_targets(cls.targets_for(crops, split, seed=seed), crops.table.n_crops, name)
         if targets is not None:
             out[name] = targets
     return out
