@@ -13,7 +13,18 @@ twin. Look them up by name:
 ``shortcutlab.interventions``); `register` adds your own.
 """
 
-from .base import Intervention, InterventionError, InterventionWarning, check_image, check_mask
+from .base import (
+    Intervention,
+    InterventionError,
+    InterventionWarning,
+    SplitRequirementError,
+    check_image,
+    check_mask,
+    check_targets,
+    declares_targets,
+    display_label,
+    target_rows,
+)
 from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
 
 # Built-ins register themselves on import.
@@ -26,6 +37,7 @@ from .reinhard import (
     field_target_tensors,
     reinhard,
     reinhard_unseen_field,
+    unseen_field_target_tensors,
     unseen_field_targets,
 )
 from .hed import HEDJitter, hed_jitter, hed_to_rgb, rgb_to_hed
@@ -68,6 +80,7 @@ __all__ = [
     "available",
     "check_image",
     "check_mask",
+    "check_targets",
     "get",
     "get_class",
     "greyscale",
@@ -82,7 +95,12 @@ __all__ = [
     "reinhard_unseen_field",
     "rgb_to_hed",
     "stain_normalize",
+    "unseen_field_target_tensors",
     "unseen_field_targets",
+    "SplitRequirementError",
+    "declares_targets",
+    "display_label",
+    "target_rows",
     "register",
     "unregister",
 ]

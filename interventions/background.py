@@ -217,6 +217,7 @@ class BackgroundRemoval(Intervention):
         value: the constant fill, a grey level or an (R, G, B) triple in [0, 1] (fill="constant").
     """
 
+    label = "background removal"
     requires_mask = True
 
     def __init__(self, fill: Literal["constant", "mean"] = "constant", value: float | tuple[float, float, float] = 0.5) -> None:
@@ -264,6 +265,7 @@ class BackgroundNoise(Intervention):
     noise, flagged False in `last_applicable` and warned about.
     """
 
+    label = "background noise"
     requires_mask = True
     stochastic = True
 
@@ -392,6 +394,7 @@ class BackgroundTransplant(Intervention):
         True
     """
 
+    label = "background transplant"
     requires_mask = True
     stochastic = True
 

@@ -19,7 +19,17 @@ what applies without instantiating anything:
 - ``label_conditioned``: the intervention needs per-crop information chosen from the labels
   (for example Reinhard transfer to an unseen field of the crop's own class, the paper's F2),
   passed as keyword arguments to ``forward``. Its effect on accuracy is then a controlled
-  diagnostic, not an unconditional test-time transform.
+  diagnostic, not an unconditional test-time transform;
+- ``label``: how reports name the intervention ("Reinhard transfer to an unseen field").
+
+Two class-method hooks say what an intervention needs beyond the images, so that the sweep,
+the CLI, the diagnostics and the report ask the class instead of knowing names:
+
+- ``targets_for(crops, split, seed)``: the per-crop keyword arguments of ``forward`` (a dict
+  of arrays or tensors whose first dimension is the number of crops, aligned with the crop
+  table's rows), or None (the default: it needs none);
+- ``check_split(protocol, params)``: raise `SplitRequirementError` when a split made with this
+  protocol and these parameters cannot serve the intervention (the default accepts any).
 
 Subclasses implement ``apply(x, mask, params, **context)`` (and ``draw_params`` when
 stochastic); ``forward`` validates the input, draws, applies and checks the output.
@@ -41,6 +51,7 @@ import sys
 import warnings
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -52,6 +63,19 @@ RANGE_TOL = 1e-4
 
 class InterventionError(ShortcutlabError):
     """An intervention got input that breaks its contract, or bad parameters."""
+
+
+class SplitRequirementError(InterventionError):
+    """A split cannot serve an intervention (`Intervention.check_split`).
+
+    Attributes:
+        param: the split parameter at fault (e.g. ``"reserve_parent_share"``), or None when the
+            protocol itself cannot serve it.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InterventionWarning(UserWarning):
@@ -152,6 +176,10 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
         requires_mask: forward raises without a cell mask.
         stochastic: the output depends on a random draw (`draw_params`).
         label_conditioned: forward needs per-crop context chosen from the labels.
+        label: the display name reports use (default: the name with spaces for underscores).
+
+    Hooks (class methods): `targets_for` (per-crop keyword arguments of forward, or None) and
+    `check_split` (a split that cannot serve the intervention raises).
 
     Attributes:
         last_params: the last draw (stochastic interventions).
@@ -165,6 +193,7 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
     requires_mask: ClassVar[bool] = False
     stochastic: ClassVar[bool] = False
     label_conditioned: ClassVar[bool] = False
+    label: ClassVar[str] = ""
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         super().__init__()
@@ -183,6 +212,37 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
         concrete = not getattr(cls.apply, "__isabstractmethod__", False)
         if concrete and cls.stochastic and cls.draw_params is Intervention.draw_params:
             raise TypeError(f"{cls.__qualname__} sets stochastic = True but does not define draw_params(x, generator)")
+
+    # -- what the intervention needs (class methods: asked before anything is built) ---------
+    @classmethod
+    def targets_for(cls, crops: Any, split: Any, seed: int = 0) -> dict[str, Any] | None:
+        """The per-crop keyword arguments `forward` takes for these crops, or None (needs none).
+
+        Args:
+            crops: a `shortcutlab.data.images.CropImages` (its table's rows are the crops).
+            split: the `shortcutlab.data.manifest.SplitManifest` the crops are scored under.
+            seed: non-negative integer for any random choice.
+
+        Returns:
+            None (the default), or a dict keyword -> array or tensor whose first dimension is
+            the number of crops, row i belonging to the table's crop i; callers pass the rows
+            of a batch as ``forward(x, mask, **{k: v[rows]})``.
+
+        Raises:
+            InterventionError: the crops or the split cannot give the targets (the message says why).
+        """
+        return None
+
+    @classmethod
+    def check_split(cls, protocol: str, params: dict[str, Any]) -> None:
+        """Raise `SplitRequirementError` if a split of `protocol` made with `params` cannot serve
+        this intervention (for example, it needs fields no model trained on); the default
+        accepts every split.
+
+        Args:
+            protocol: the split protocol's name ("factorial", "parent", ...).
+            params: the split's parameters, as the sweep config gives them.
+        """
 
     # -- to implement ------------------------------------------------------------------
     def draw_params(self, x: torch.Tensor, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
@@ -241,6 +301,61 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
     def extra_repr(self) -> str:
         flags = [f for f in ("requires_mask", "stochastic", "label_conditioned") if getattr(self, f)]
         return ", ".join(flags)
+
+
+def declares_targets(cls: type[Intervention] | Intervention) -> bool:
+    """Whether an intervention class (or instance) defines its own `Intervention.targets_for`."""
+    cls = cls if isinstance(cls, type) else type(cls)
+    return getattr(cls.targets_for, "__func__", None) is not Intervention.targets_for.__func__
+
+
+def check_targets(targets: Any, n_crops: int, owner: str) -> dict[str, Any] | None:
+    """Raise `InterventionError` unless `targets` is what `Intervention.targets_for` promises.
+
+    Args:
+        targets: a hook's result: None, or a dict keyword (str) -> array or tensor whose first
+            dimension is `n_crops`.
+        n_crops: the number of crops the hook was asked about.
+        owner: the intervention's name, for the message.
+
+    Returns:
+        `targets`, unchanged.
+    """
+    if targets is None:
+        return None
+    if not isinstance(targets, dict):
+        raise InterventionError(f"intervention {owner!r}: targets_for must return None or a dict keyword -> per-crop array; got {type(targets).__name__}")
+    for k, v in targets.items():
+        shape = tuple(getattr(v, "shape", ()))
+        if not isinstance(k, str) or not shape or shape[0] != n_crops:
+            raise InterventionError(f"intervention {owner!r}: targets_for gave {k!r} of shape {shape}; expected an array or tensor "
+                                    f"with one row per crop ({n_crops}, ...)")
+    return targets
+
+
+def target_rows(targets: dict[str, Any], rows: Any, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """The rows of a batch from per-crop targets (`Intervention.targets_for`), as tensors.
+
+    Args:
+        targets: keyword -> array or tensor with one row per crop of the table.
+        rows: the batch's crop indices (a sequence, array or tensor of integers).
+        device: where to put the result (default: where each value is).
+
+    Returns:
+        keyword -> ``value[rows]`` as a tensor on `device`, ready for ``forward(x, mask, **kw)``.
+    """
+    idx = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows, dtype=np.int64)
+    out = {}
+    for k, v in targets.items():
+        t = v[torch.as_tensor(idx, device=v.device)] if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)[idx])
+        out[k] = t.to(device) if device is not None else t
+    return out
+
+
+def display_label(cls: type[Intervention] | Intervention) -> str:
+    """An intervention's `label`, or its name with spaces for underscores when it sets none."""
+    label = getattr(cls, "label", "")
+    return label if isinstance(label, str) and label else str(getattr(cls, "name", "")).replace("_", " ")
 
 
 def uniform(low: float, high: float, shape: tuple[int, ...], generator: torch.Generator | None, like: torch.Tensor) -> torch.Tensor:

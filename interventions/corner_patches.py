@@ -156,6 +156,8 @@ class CornerPatches(Intervention):
         size: patch side in pixels (default 20, as in reference 004); must fit inside the crop.
     """
 
+    label = "corner patches"
+
     def __init__(self, position: Position = "top_left", size: int = 20) -> None:
         super().__init__()
         self.position, self.size = _check_position(position), _check_size(size)

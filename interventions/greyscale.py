@@ -30,6 +30,8 @@ def greyscale(x: torch.Tensor) -> torch.Tensor:
 class Greyscale(Intervention):
     """Replace every channel by the BT.601 luma (see the module docstring)."""
 
+    label = "greyscale"
+
     def __init__(self) -> None:
         super().__init__()
 

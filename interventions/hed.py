@@ -174,6 +174,7 @@ class HEDJitter(Intervention):
     The draw is ``{"alpha": (B, 3), "beta": (B, 3)}`` (columns H, E, D), kept in `last_params`.
     """
 
+    label = "HED jitter"
     stochastic = True
 
     def __init__(self, sigma_alpha: float = 0.05, sigma_beta: float = 0.05, generator: torch.Generator | None = None) -> None:

@@ -242,6 +242,8 @@ class IlluminationFlattening(Intervention):
             over channels to it, keeping its colour, so that a per-field gain goes too.
     """
 
+    label = "illumination flattening"
+
     def __init__(self, sigma: float | None = None, degree: int = 2, min_background: float = 0.1, level: float | None = None) -> None:
         super().__init__()
         self.sigma, self.degree, self.min_background = _check_settings(sigma, degree, min_background)

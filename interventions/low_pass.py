@@ -81,6 +81,8 @@ class LowPass(Intervention):
         sigma: standard deviation of the Gaussian in pixels (> 0).
     """
 
+    label = "low-pass blur"
+
     def __init__(self, sigma: float = 2.0) -> None:
         super().__init__()
         self.sigma = _check_sigma(sigma)

@@ -328,6 +328,8 @@ class StainNormalize(Intervention):
         [False, False]
     """
 
+    label = "Macenko stain normalisation"
+
     def __init__(
         self,
         Io: float = DEFAULT_IO,

@@ -23,7 +23,8 @@ say; a crop whose mask is empty has no cell pixel and is skipped and counted). T
 ``reinhard_unseen_field``) takes per-crop targets ``target_mean=(B, 3)``,
 ``target_std=(B, 3)`` at call time; `unseen_field_targets` chooses them the way the paper's F2
 did (each test crop gets a field of its own class that no compared training cell has seen) and
-`field_lab_statistics` / `field_target_tensors` turn the chosen fields into target tensors.
+`field_lab_statistics` / `field_target_tensors` turn the chosen fields into target tensors
+(`unseen_field_target_tensors`, which the class's `targets_for` hook returns, does all three).
 
 Speed: kornia's LAB conversion is the bottleneck (on CPU its `rgb_to_lab` + `lab_to_rgb`
 alone take longer than torchstain's per-image numpy Reinhard): it evaluates both branches of
@@ -49,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Iterable, Sequence
 
@@ -56,7 +58,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .base import Intervention, InterventionError, InterventionWarning, check_image, check_mask, warn_not_applicable
+from .base import Intervention, InterventionError, InterventionWarning, SplitRequirementError, check_image, check_mask, warn_not_applicable
 from .registry import register
 
 # kornia.color constants (translated there from scikit-image): linear sRGB -> XYZ (D65),
@@ -416,6 +418,8 @@ class Reinhard(Intervention):
         torch.Size([2, 3, 16, 16])
     """
 
+    label = "Reinhard colour transfer"
+
     def __init__(self, target_mean: Sequence[float] | None = None, target_std: Sequence[float] | None = None) -> None:
         super().__init__()
         if (target_mean is None) != (target_std is None):
@@ -485,15 +489,42 @@ class ReinhardToField(Intervention):
     """Reinhard transfer to per-crop targets chosen from the labels (the paper's F2).
 
     Call it as ``t(x, mask, target_mean=(B, 3), target_std=(B, 3))``, with the LAB statistics of
-    the field that `unseen_field_targets` chose for each crop (`field_lab_statistics` and
-    `field_target_tensors` build them). The target depends on the label, so accuracy after
+    the field that `unseen_field_targets` chose for each crop (`targets_for(crops, split, seed)`
+    builds them for every crop). The target depends on the label, so accuracy after
     this transfer is a controlled diagnostic, not an unconditional test-time transform.
     """
 
+    label = "Reinhard transfer to an unseen field"
     label_conditioned = True
 
     def __init__(self) -> None:
         super().__init__()
+
+    @classmethod
+    def targets_for(cls, crops, split, seed: int = 0) -> dict[str, torch.Tensor]:
+        """The F2 targets of every crop: `unseen_field_target_tensors` over all the split's cells.
+
+        Returns:
+            ``{"target_mean": (N, 3), "target_std": (N, 3)}`` float32 LAB statistics, aligned
+            with the table's rows (see `unseen_field_target_tensors`).
+
+        Raises:
+            InterventionError: some test crop's class has no field unseen by every cell's training side.
+        """
+        return unseen_field_target_tensors(crops, split, seed=seed)
+
+    @classmethod
+    def check_split(cls, protocol: str, params: dict[str, Any]) -> None:
+        """Only a factorial with ``reserve_parent_share > 0`` is sure to leave, for every test
+        crop, fields of its class that no cell trained on; any other split raises
+        `SplitRequirementError` (``param`` None for the protocol, else the parameter)."""
+        if protocol != "factorial":
+            raise SplitRequirementError(f"{cls.name!r} needs fields no model trained on; the {protocol!r} split "
+                                        "leaves none: use split.protocol factorial with params.reserve_parent_share > 0 (e.g. 0.2)")
+        share = params.get("reserve_parent_share") or 0
+        if not share > 0:
+            raise SplitRequirementError(f"{cls.name!r} needs fields no model trained on; got reserve_parent_share {share!r}: "
+                                        "give a share > 0 (e.g. 0.2) to keep fields out of every cell", param="reserve_parent_share")
 
     def apply(self, x, mask, params, target_mean=None, target_std=None, **context):
         if context:
@@ -587,6 +618,39 @@ def field_target_tensors(
         bad = sorted({k for k, b in zip(keys, bad_rows) if b})[:5]
         raise InterventionError(f"target field(s) {bad} have no LAB statistics (NaN: every crop's cell mask is empty, no cell pixel); choose fields with cell pixels")
     return torch.as_tensor(mean, dtype=dtype, device=device), torch.as_tensor(std, dtype=dtype, device=device)
+
+
+def unseen_field_target_tensors(crops, split, cells: Sequence[str] | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Per-crop targets of `ReinhardToField` for every crop of `crops`, as the paper's F2 chose them.
+
+    Every test crop gets the LAB statistics of a field of its own class that no compared cell
+    trained on (`unseen_field_targets`); other crops get their own field's statistics (they
+    are never scored). For a factorial made with ``reserve_parent_share`` every test crop has
+    such a field.
+
+    Args:
+        crops: a `shortcutlab.data.images.CropImages`.
+        split: a `shortcutlab.data.manifest.SplitManifest` or the path of its CSV.
+        cells, seed: as for `unseen_field_targets`.
+
+    Returns:
+        ``{"target_mean": (N, 3), "target_std": (N, 3)}`` float32 tensors aligned with the
+        table's rows.
+
+    Raises:
+        InterventionError: as `unseen_field_targets`.
+    """
+    from shortcutlab.data.manifest import SplitManifest
+
+    if isinstance(split, (str, os.PathLike)):
+        split = SplitManifest.read(split)
+    table = crops.table
+    chosen = unseen_field_targets(table, split, cells=cells, seed=seed)
+    target = pd.Series(np.asarray(table.parents, dtype=object)[table.parent_codes], index=table.ids)
+    target.loc[chosen["id"].astype(str).to_numpy()] = chosen["target_parent"].astype(str).to_numpy()
+    stats = field_lab_statistics(crops, parents=sorted(set(target.to_numpy())))
+    mean, std = field_target_tensors(stats, target.to_numpy(), dtype=torch.float32)
+    return {"target_mean": mean, "target_std": std}
 
 
 def unseen_field_targets(table, split, cells: Sequence[str] | None = None, seed: int = 0, exclude_sides: Sequence[str] = ("train",)) -> pd.DataFrame:

@@ -30,7 +30,7 @@ from .saliency import HeadCheck, gradcam, outside_mass, randomized_head_check
 
 # Built-in diagnostics register themselves on import.
 from .interventions_accuracy import InterventionAccuracy
-from .diagnose import diagnose, unseen_field_targets_for, write_diagnostics
+from .diagnose import diagnose, intervention_targets, unseen_field_targets_for, write_diagnostics
 
 __all__ = [
     "AdversaryCheck",
@@ -65,6 +65,7 @@ __all__ = [
     "get",
     "get_class",
     "gradcam",
+    "intervention_targets",
     "load_entry_points",
     "outside_mass",
     "randomized_head_check",

@@ -88,7 +88,8 @@ class DiagnosticContext:
         cache_dir: folder of the on-disk feature cache (None: memory only).
         progress: show progress bars.
         targets: per-crop context of label-conditioned interventions, by intervention name:
-            ``{name: {kwarg: tensor with one row per table row}}``.
+            ``{name: {kwarg: tensor with one row per table row}}`` (`probes.intervention_targets`
+            asks each intervention's ``targets_for`` hook for them).
         preprocess: ``fn(x, mask) -> x`` applied to every batch before anything else, as the
             run scored its crops (e.g. masked backgrounds for a run trained with them).
         cache: results that diagnostics of this context share, keyed by everything that

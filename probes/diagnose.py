@@ -22,7 +22,7 @@ import math
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -154,29 +154,57 @@ def write_diagnostics(out_dir: str, frame: pd.DataFrame, meta: dict[str, Any]) -
     return {"csv": csv_path, "json": json_path}
 
 
+def intervention_targets(crops, split, names: Sequence[str] | None = None, seed: int = 0) -> dict[str, dict]:
+    """Per-crop targets of every intervention that declares them, for `diagnose(targets=...)`.
+
+    Asks each intervention class its `interventions.Intervention.targets_for` hook; those that
+    need none (the default hook, or a hook returning None) are left out.
+
+    Args:
+        crops: a `shortcutlab.data.images.CropImages`.
+        split: a `shortcutlab.data.manifest.SplitManifest` or the path of its CSV.
+        names: the interventions to ask (default: every registered one); repeats are asked once.
+        seed: passed to the hooks.
+
+    Returns:
+        ``{name: {keyword: (N, ...) array or tensor}}`` aligned with the table's rows.
+
+    Raises:
+        InterventionError: an unknown name, a hook that cannot give its targets, or one whose
+            result is not a dict of arrays with one row per crop.
+
+    Example:
+        >>> targets = intervention_targets(crops, "split.csv", seed=0)  # doctest: +SKIP
+        >>> sorted(targets)  # doctest: +SKIP
+        ['reinhard_unseen_field']
+    """
+    import interventions
+    from shortcutlab.data.manifest import SplitManifest
+
+    names = interventions.available() if names is None else list(dict.fromkeys(names))
+    classes = {n: interventions.get_class(n) for n in names}
+    classes = {n: c for n, c in classes.items() if interventions.declares_targets(c)}
+    if classes and isinstance(split, (str, os.PathLike)):
+        split = SplitManifest.read(split)
+    out = {}
+    for name, cls in classes.items():
+        targets = interventions.check_targets(cls.targets_for(crops, split, seed=seed), crops.table.n_crops, name)
+        if targets is not None:
+            out[name] = targets
+    return out
+
+
 def unseen_field_targets_for(crops, split, cells=None, seed: int = 0) -> dict[str, dict]:
     """Per-crop targets of the F2 transfer (``reinhard_unseen_field``) for `diagnose(targets=...)`.
 
-    Every test crop gets the LAB statistics of a field of its own class that no compared cell
-    trained on (`interventions.unseen_field_targets`); other crops get their own statistics
-    (they are never scored). For a factorial made with ``reserve_parent_share`` every test crop
-    has such a field.
+    Kept for compatibility: `intervention_targets` gives every intervention that declares
+    targets its own. This one also takes the compared `cells` (see
+    `interventions.unseen_field_target_tensors`).
 
     Returns:
         ``{"reinhard_unseen_field": {"target_mean": (N, 3), "target_std": (N, 3)}}`` aligned
         with the table's rows.
     """
-    import torch
+    from interventions import ReinhardToField, unseen_field_target_tensors
 
-    from interventions import field_lab_statistics, field_target_tensors, unseen_field_targets
-    from shortcutlab.data.manifest import SplitManifest
-
-    if isinstance(split, (str, os.PathLike)):
-        split = SplitManifest.read(split)
-    table = crops.table
-    chosen = unseen_field_targets(table, split, cells=cells, seed=seed)
-    target = pd.Series(np.asarray(table.parents, dtype=object)[table.parent_codes], index=table.ids)
-    target.loc[chosen["id"].astype(str).to_numpy()] = chosen["target_parent"].astype(str).to_numpy()
-    stats = field_lab_statistics(crops, parents=sorted(set(target.to_numpy())))
-    mean, std = field_target_tensors(stats, target.to_numpy(), dtype=torch.float32)
-    return {"reinhard_unseen_field": {"target_mean": mean, "target_std": std}}
+    return {ReinhardToField.name: unseen_field_target_tensors(crops, split, cells=cells, seed=seed)}

@@ -124,6 +124,8 @@ def prepare_intervention(ctx: DiagnosticContext, name: str, params: dict | None 
 def predict_test_side(ctx: DiagnosticContext, fn=None, targets: dict | None = None) -> np.ndarray:
     """(n_test,) predicted class codes of the run's test crops (``ctx.test_idx`` order), each
     batch altered by ``fn(x, mask, **targets)`` first when `fn` is given."""
+    from interventions import target_rows
+
     idx = ctx.test_idx
     out = []
     with torch.no_grad(), eval_mode(ctx.adapter):
@@ -131,7 +133,7 @@ def predict_test_side(ctx: DiagnosticContext, fn=None, targets: dict | None = No
             sel = idx[b : b + ctx.batch_size]
             x, m = ctx.batch(sel)
             if fn is not None:
-                kw = {k: v[torch.as_tensor(sel)].to(x.device) for k, v in (targets or {}).items()}
+                kw = target_rows(targets, sel, x.device) if targets else {}
                 x = fn(x, m, **kw)
             out.append(ctx.adapter.logits(x).argmax(1).cpu().numpy())
     return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)

@@ -622,7 +622,7 @@ def cmd_diagnose(args) -> int:
     # the model is built first: weights that cannot be loaded are named before --out is made
     _check_output_files(None, [("--out", os.path.join(out_dir, "diagnostics.csv")), ("--out", os.path.join(out_dir, "diagnostics.json"))])
     crops, split, side = load_run_data(run, args.manifest, args.split, args.cell)
-    targets = probes.unseen_field_targets_for(crops, split, seed=args.seed) if args.unseen_field_targets else None
+    targets = probes.intervention_targets(crops, split, seed=args.seed) if args.unseen_field_targets else None
     preprocess = None
     cfg = run.record.get("config", {})
     if cfg.get("mask_background"):
@@ -878,7 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--cell", help="cell of a multi-cell split (default: the run's)")
     d.add_argument("--only", help="comma-separated diagnostics to run (default: all; see --list)")
     d.add_argument("--param", action="append", default=[], metavar="DIAG.KEY=VALUE", help="a diagnostic's setting, e.g. leace.ranks=[8,64] (repeatable)")
-    d.add_argument("--unseen-field-targets", action="store_true", help="give reinhard_unseen_field (F2) its per-crop targets from the split")
+    d.add_argument("--unseen-field-targets", action="store_true", help="give every intervention that declares per-crop targets (targets_for; reinhard_unseen_field, F2) its targets from the split")
     d.add_argument("--arch", help="timm architecture of a model trained elsewhere (with --weights and --classes)")
     d.add_argument("--weights", help="local weight file for --arch")
     d.add_argument("--classes", help="class names in logit order, comma-separated, for --arch")

@@ -2409,3 +2409,69 @@ def test_a_refused_command_creates_no_output_folder(argv, tmp_path, capsys):
     line = cli_error([a.format(cric=cric, tmp=tmp_path) for a in argv], capsys)
     assert "'nope'" in line
     assert sorted(_os.listdir(tmp_path)) == []  # the missing output folders were not made
+
+
+# --- issue 21: interventions declare what they need (targets_for, check_split, label) ---------
+import interventions as _interventions  # noqa: E402  (imports of this section)
+import torch as _torch  # noqa: E402
+
+from interventions import InterventionError as _InterventionError  # noqa: E402
+
+
+def _tiny_crops():
+    from shortcutlab.studies.demo import _crops_from_synth
+    from shortcutlab.synth import SynthConfig as _SynthConfig, synthesize as _synthesize
+
+    return _crops_from_synth(_synthesize(_SynthConfig(fields_per_class=4, crop_size=16, field_size=64, seed=0)))
+
+
+class _BadTargets(_interventions.Intervention):
+    """A plug-in whose targets_for breaks its promise (`result` is what it returns)."""
+
+    label_conditioned = True
+    result = None
+
+    @classmethod
+    def targets_for(cls, crops, split, seed=0):
+        return cls.result(crops) if callable(cls.result) else cls.result
+
+    def apply(self, x, mask, params, **context):
+        return x
+
+
+def _targets_of(result):
+    def call(tmp_path):
+        import probes
+
+        _BadTargets.result = result
+        _interventions.register("toy_bad_targets")(_BadTargets)
+        try:
+            probes.intervention_targets(_tiny_crops(), None, names=["toy_bad_targets"])
+        finally:
+            _interventions.unregister("toy_bad_targets")
+    return call
+
+
+def _ask_targets(names):
+    def call(tmp_path):
+        import probes
+
+        probes.intervention_targets(_tiny_crops(), None, names=names)
+    return call
+
+
+I21_D_CASES = [
+    Case("targets-of-an-unknown-intervention", _ask_targets(["reinhard_unseen_feild"]), _InterventionError,
+         ("'reinhard_unseen_feild'", "reinhard_unseen_field")),
+    Case("targets-for-returns-a-list", _targets_of([1, 2]), _InterventionError,
+         ("'toy_bad_targets'", "targets_for must return None or a dict", "got list")),
+    Case("targets-for-one-row-short", _targets_of(lambda crops: {"row": _torch.zeros(crops.table.n_crops - 1)}), _InterventionError,
+         ("'toy_bad_targets'", "'row'", "one row per crop")),
+    Case("targets-for-a-scalar", _targets_of({"level": 0.5}), _InterventionError,
+         ("'toy_bad_targets'", "'level'", "shape ()", "one row per crop")),
+]
+
+
+@pytest.mark.parametrize("case", I21_D_CASES, ids=[c.id for c in I21_D_CASES])
+def test_bad_input_i21_intervention_needs(case: Case, tmp_path) -> None:
+    check(case, tmp_path)

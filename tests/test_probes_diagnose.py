@@ -278,3 +278,50 @@ def test_cli_diagnose_list_names_every_diagnostic_and_settings_it_accepts(capsys
         for setting, value in listed[name].items():
             probes.get(name, **{setting: value})  # the listed default is a value --param accepts
     assert listed["leace"]["ranks"] == [256] and listed["parent_probe"]["n_folds"] == 4 and listed["gradcam"]["seed"] is None
+
+
+# -- interventions that declare their per-crop targets (issue 21) -------------------------------
+def test_a_plug_in_gets_its_declared_targets_through_diagnose(run):
+    """A toy plug-in's `targets_for` rows reach it for exactly the test crops (the run's own
+    logits.csv says which), in test order; without targets it is skipped, as label-conditioned."""
+    from test_interventions_hooks import RowTag, registered
+
+    tmp, man, split = run
+    r = load_run(tmp / "run")
+    crops, sm, side = load_run_data(r, man, split)
+    logits = pd.read_csv(tmp / "run" / "logits.csv", dtype={"id": str})
+    test_rows = np.sort(pd.Index(crops.table.ids.astype(str)).get_indexer(logits.loc[logits.split == "test", "id"]))
+    with registered("toy_row_tag", RowTag):
+        targets = probes.intervention_targets(crops, split, names=["toy_row_tag", "greyscale", "toy_row_tag"], seed=3)
+        assert list(targets) == ["toy_row_tag"]  # greyscale declares none; a repeat is asked once
+        (ids, asked_split, seed), = RowTag.asked
+        assert seed == 3 and asked_split.hash == sm.hash and list(ids) == list(crops.table.ids.astype(str))
+        params = {"interventions": {"names": ["toy_row_tag"]}}
+        rows = probes.diagnose(r.adapter, crops, sm, only=["interventions"], params=params, targets=targets, batch_size=4)
+        assert np.array_equal(np.concatenate(RowTag.received), test_rows)
+        acc = rows[rows.metric == "accuracy"].set_index("setting")["value"]
+        assert acc["intervention=toy_row_tag"] == acc["intervention=none"]  # the toy leaves the crops as they are
+        skipped = probes.diagnose(r.adapter, crops, sm, only=["interventions"], params=params)
+        note = skipped[skipped.setting == "intervention=toy_row_tag"]
+        assert list(note.metric) == ["skipped"] and "give its per-crop targets" in note.note.iloc[0]
+
+
+def test_cli_unseen_field_targets_gives_every_declaring_plug_in_its_targets(run, tmp_path, capsys, monkeypatch):
+    from interventions import ReinhardToField
+    from shortcutlab.cli import main
+    from test_interventions_hooks import RowTag, registered
+
+    tmp, man, split = run
+    # the flag asks every registered intervention; this parent split leaves F2 no unseen field
+    monkeypatch.setattr(ReinhardToField, "targets_for", classmethod(lambda cls, crops, split, seed=0: None))
+    out = tmp_path / "diag"
+    argv = ["diagnose", str(tmp / "run"), "--only", "interventions", "--param", "interventions.names=[\"toy_row_tag\"]", "--out", str(out), "--quiet"]
+    with registered("toy_row_tag", RowTag):
+        assert main(argv + ["--unseen-field-targets"]) == 0, capsys.readouterr().err
+        rows = pd.read_csv(out / "diagnostics.csv")
+        acc = rows[rows.metric == "accuracy"].set_index("setting")["value"]
+        assert acc["intervention=toy_row_tag"] == acc["intervention=none"] and len(RowTag.asked) == 1
+        logits = pd.read_csv(tmp / "run" / "logits.csv", dtype={"id": str})
+        assert len(np.concatenate(RowTag.received)) == int((logits.split == "test").sum())
+        assert main(argv) == 0  # without the flag the toy is skipped, as label-conditioned
+        assert list(pd.read_csv(out / "diagnostics.csv").query("setting == 'intervention=toy_row_tag'").metric) == ["skipped"]

@@ -436,3 +436,20 @@ def test_md_escape_by_hand():
     # line starts that would open a list, a rule or a setext heading; plain dashes and numbers stay
     assert md_escape("- x\n3. y\n---\n===\n12) z") == "\\- x\n3\\. y\n--\\-\n==\\=\n12\\) z"
     assert md_escape("13.0 pp (95% CI -1.2 to +3.4); P1 - P2") == "13.0 pp (95% CI -1.2 to +3.4); P1 - P2"
+
+
+# --- issue 21: the report names interventions by their class's label --------------------------
+def test_readings_name_a_plug_in_by_its_label():
+    from shortcutlab.report.readings import intervention_label
+    from test_interventions_hooks import RowTag, registered
+
+    est = _est([dict(estimand="leak", intervention="none", estimate=0.13, ci_low=0.091, ci_high=0.168),
+                *_intervention("toy_row_tag:k=2", (0.091, 0.05, 0.13), (0.70, 0.45, 0.95), (0.01, -0.01, 0.03))])
+    with registered("toy_row_tag", RowTag):
+        assert intervention_label("toy_row_tag:k=2") == "row tags of the crop table (k=2)"
+        assert leak_reading(est, "color", "high") == (
+            "color, high diversity, r18: the leak is +13.0 pp (95% CI +9.1 to +16.8 pp); "
+            "row tags of the crop table (k=2) removes 70% of it (CI 45% to 95%).")
+    # once unregistered, the name itself is shown
+    assert intervention_label("toy_row_tag:k=2") == "toy row tag (k=2)"
+    assert intervention_label("none") == "the unaltered crops"

@@ -291,3 +291,43 @@ def test_diagnostics_only_none_means_no_diagnostics_as_the_readme_says():
     assert cfg.diagnostics == () and cfg.diagnostic_params == {}
     assert "diagnose" not in build_plan(cfg).graph.counts()
     assert cfg.diagnostics == validate(_with("diagnostics", "none")).diagnostics
+
+
+# --- issue 21: the config asks each intervention class, never a name --------------------------
+def test_the_config_asks_interventions_for_their_targets_and_split_needs():
+    import interventions
+    from interventions import Intervention, SplitRequirementError
+    from test_interventions_hooks import RowTag, registered
+
+    class NeedsBigTest(Intervention):
+        """Toy: refuses splits whose test_fraction is below 0.5."""
+
+        def apply(self, x, mask, params, **context):
+            return x
+
+        @classmethod
+        def check_split(cls, protocol, params):
+            if params.get("test_fraction", 0.2) < 0.5:
+                raise SplitRequirementError(f"{cls.name!r} wants test_fraction >= 0.5; got {params.get('test_fraction', 0.2)!r}", param="test_fraction")
+
+    class Blind(Intervention):
+        """Toy: label-conditioned, but declares no targets."""
+
+        label_conditioned = True
+
+        def apply(self, x, mask, params, **context):
+            return x
+
+    parent = {"protocol": "parent", "params": {"test_fraction": [0.3, 0.6]}}
+    with registered("toy_big_test", NeedsBigTest):
+        with pytest.raises(SweepConfigError, match=r"^split\.params\.test_fraction: 'toy_big_test' wants test_fraction >= 0\.5; got 0\.3$"):
+            validate(_with("cells", ..., _with("split", parent, _with("interventions", ["toy_big_test"]))))
+        ok = {"protocol": "parent", "params": {"test_fraction": 0.6}}
+        assert [n for _, n, _ in validate(_with("cells", ..., _with("split", ok, _with("interventions", ["toy_big_test"])))).interventions] == ["toy_big_test"]
+    with registered("toy_blind", Blind):
+        with pytest.raises(SweepConfigError, match=r"interventions\.names\[0\]: intervention 'toy_blind' is label-conditioned and the sweep cannot choose"):
+            validate(_with("interventions", ["toy_blind"]))
+    with registered("toy_row_tag", RowTag):  # label-conditioned, and declares its targets: accepted
+        assert [n for _, n, _ in validate(_with("interventions", ["toy_row_tag"])).interventions] == ["toy_row_tag"]
+        assert "toy_row_tag" not in [n for _, n, _ in validate(_with("interventions", "all")).interventions]  # as F2
+    assert "toy_row_tag" not in interventions.available()

@@ -302,15 +302,11 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
                 notes.append(f"{rd.intervention_label(setting)}: skipped, it needs cell masks.")
                 continue
             fn = interventions.get(name, **params)
-            kw = {}
-            if cls.label_conditioned:
-                from probes.diagnose import unseen_field_targets_for
-
-                targets = unseen_field_targets_for(crops, split, seed=0).get(name)
-                if targets is None:
-                    notes.append(f"{rd.intervention_label(setting)}: skipped, its per-crop targets are not defined.")
-                    continue
-                kw = {k: v[torch.as_tensor(pick)].to(x.device) for k, v in targets.items()}
+            targets = cls.targets_for(crops, split, seed=0) if interventions.declares_targets(cls) else None
+            if targets is None and cls.label_conditioned:
+                notes.append(f"{rd.intervention_label(setting)}: skipped, its per-crop targets are not defined.")
+                continue
+            kw = interventions.target_rows(targets, pick, x.device) if targets is not None else {}
             if callable(getattr(fn, "fit", None)) and not params and len(train):
                 sel = np.sort(rng.choice(train, size=min(len(train), fit_crops), replace=False))
                 xt, mt = crops.float_batch(torch.from_numpy(sel), device=device)

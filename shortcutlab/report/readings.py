@@ -51,21 +51,9 @@ import math
 import numpy as np
 import pandas as pd
 
-#: Phrases for the intervention names (a setting's parameters are added in brackets).
-INTERVENTION_NAMES = {
-    "none": "the unaltered crops",
-    "background_removal": "background removal",
-    "background_noise": "background noise",
-    "background_transplant": "background transplant",
-    "illumination_flattening": "illumination flattening",
-    "greyscale": "greyscale",
-    "low_pass": "low-pass blur",
-    "reinhard": "Reinhard colour transfer",
-    "reinhard_unseen_field": "Reinhard transfer to an unseen field",
-    "hed_jitter": "HED jitter",
-    "stain_normalize": "Macenko stain normalisation",
-    "corner_patches": "corner patches",
-}
+#: How the report names the unaltered crops (setting "none"); interventions name themselves
+#: with their class's `label` (`intervention_label`).
+NONE_LABEL = "the unaltered crops"
 
 REMOVED_SHARE = 0.5      # "removed" from this share of the leak up (with the cut's interval above 0)
 HEAD_CHECK_RHO = 0.5     # Grad-CAM maps "change with the head" below this median Spearman rho
@@ -114,9 +102,18 @@ def ci_pct(lo: float, hi: float) -> str:
 
 
 def intervention_label(setting: str) -> str:
-    """'low_pass:sigma=2.0' -> 'low-pass blur (sigma=2.0)'; unknown names are kept."""
+    """'low_pass:sigma=2.0' -> 'low-pass blur (sigma=2.0)': the registered class's `label`
+    (`interventions.display_label`); names that are not registered are kept, with spaces for
+    underscores."""
+    import interventions
+
     name, _, params = str(setting).partition(":")
-    text = INTERVENTION_NAMES.get(name, name.replace("_", " "))
+    if name == "none":
+        text = NONE_LABEL
+    elif name in interventions.available():
+        text = interventions.display_label(interventions.get_class(name))
+    else:
+        text = name.replace("_", " ")
     return f"{text} ({params})" if params else text
 
 

@@ -329,7 +329,7 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None, limits: Ma
     cells = _cells(ck, raw.get("cells"), protocols, split_params)
     has_masks = all(c.kind == "synthetic" or c.params.get("mask") for c in conditions)
     ivs = _interventions(ck, raw.get("interventions"), has_masks)
-    _check_unseen_fields(ck, ivs, split_params)
+    _check_split_needs(ck, ivs, split_params)
     diags, dparams = _diagnostics(ck, raw.get("diagnostics"))
     return SweepConfig(conditions=conditions, protocols=protocols, split_params=split_params, seeds=seeds, models=models,
                        cells=cells, interventions=ivs, diagnostics=diags, diagnostic_params=dparams, device=device,
@@ -867,7 +867,7 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
         cls = _intervention_class(ck, p, n)
         if explicit and cls.requires_mask and not has_masks:
             raise ck.error(p, f"intervention {n!r} needs cell masks and the manifest has no mask column")
-        if cls.label_conditioned and n != "reinhard_unseen_field":
+        if cls.label_conditioned and not interventions.declares_targets(cls):
             raise ck.error(p, f"intervention {n!r} is label-conditioned and the sweep cannot choose its targets")
         settings = params.get(n, {})
         if settings == []:
@@ -890,22 +890,21 @@ def _interventions(ck: _Checker, value: Any, has_masks: bool) -> tuple[tuple[str
     return tuple(out)
 
 
-def _check_unseen_fields(ck: _Checker, ivs, split_params) -> None:
-    """`reinhard_unseen_field` draws each test crop's target from a field no cell trained on
-    (F2): only a factorial with ``reserve_parent_share > 0`` is sure to leave such fields, so
-    every split setting of the sweep must be one."""
-    where = [i for i, (_, n, _) in enumerate(ivs) if n == "reinhard_unseen_field"]
-    if not where:
-        return
-    for sp in split_params:
-        protocol = sp.get("protocol", "factorial")
-        if protocol != "factorial":
-            raise ck.error("interventions.names", f"'reinhard_unseen_field' needs fields no model trained on; the {protocol!r} split "
-                           "leaves none: use split.protocol factorial with params.reserve_parent_share > 0 (e.g. 0.2)")
-        share = sp.get("reserve_parent_share") or 0
-        if not share > 0:
-            raise ck.error("split.params.reserve_parent_share", f"'reinhard_unseen_field' needs fields no model trained on; got "
-                           f"reserve_parent_share {share!r}: give a share > 0 (e.g. 0.2) to keep fields out of every cell")
+def _check_split_needs(ck: _Checker, ivs, split_params) -> None:
+    """Every split setting of the sweep must serve every listed intervention: each class is
+    asked (`Intervention.check_split`; e.g. ``reinhard_unseen_field`` draws each test crop's
+    target from a field no cell trained on, F2, which only a factorial with
+    ``reserve_parent_share > 0`` is sure to leave)."""
+    import interventions
+
+    for name in dict.fromkeys(n for _, n, _ in ivs):
+        cls = interventions.get_class(name)
+        for sp in split_params:
+            params = {k: v for k, v in sp.items() if k != "protocol"}
+            try:
+                cls.check_split(sp.get("protocol", "factorial"), params)
+            except interventions.SplitRequirementError as e:
+                raise ck.error(f"split.params.{e.param}" if e.param else "interventions.names", str(e)) from None
 
 
 def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:

@@ -186,10 +186,8 @@ def _context(task: Task, root: str):
         fill = float(cfg.get("background_fill", 0.5))
         preprocess = lambda x, m: mask_background(x, m, fill)  # noqa: E731 (scored as trained)
         preprocess.key = f"mask_background={fill}"
-    targets = {}
     names = [n for _, n, _ in p.get("interventions", [])]
-    if "reinhard_unseen_field" in names:
-        targets = probes.unseen_field_targets_for(crops, split, seed=p["seed"])
+    targets = probes.intervention_targets(crops, split, names=names, seed=p["seed"]) if names else {}
     ctx = DiagnosticContext(run.adapter, crops, side, run_id=model_id, split_sha256=split.hash, batch_size=p["batch_size"],
                             seed=p["seed"], targets=targets, preprocess=preprocess)
     return ctx, run, split
