@@ -67,7 +67,7 @@ def test_predictions_match_the_trained_runs_logits(tiny):
         # greyscale by hand (BT.601 luma on all channels), scored by the reloaded model
         grey = g[g["intervention"] == "greyscale"].set_index("id")
         run = load_run(run_dir)
-        from shortcutlab.models.recipe import load_manifest_table
+        from shortcutlab.data.images import load_manifest_table
         from shortcutlab.data.images import load_crops
 
         crops = load_crops(load_manifest_table(run.record["data"]["manifest"]))

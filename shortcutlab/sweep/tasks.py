@@ -328,46 +328,24 @@ def _context(task: Task, root: str):
         split = SplitManifest.read(split_path)
         side = np.asarray(side_codes(table, split.cell(run.record.get("cell"))))
         model_id = inputs["train"]
-    cfg = run.record.get("config", {})
-    preprocess = None
-    if cfg.get("mask_background"):
-        from shortcutlab.models.recipe import mask_background
-
-        fill = float(cfg.get("background_fill", 0.5))
-        preprocess = lambda x, m: mask_background(x, m, fill)  # noqa: E731 (scored as trained)
-        preprocess.key = f"mask_background={fill}"
     targets = {}
     names = [n for _, n, _ in p.get("interventions", [])]
     if "reinhard_unseen_field" in names:
         targets = probes.unseen_field_targets_for(crops, split, seed=p["seed"])
     ctx = DiagnosticContext(run.adapter, crops, side, run_id=model_id, split_sha256=split.hash, batch_size=p["batch_size"],
-                            seed=p["seed"], targets=targets, preprocess=preprocess)
+                            seed=p["seed"], targets=targets, preprocess=run.preprocess)
     return ctx, run, split
 
 
 def _wrapped_run(wrap: dict, classes: list[str]):
     """A `Run` of a model trained elsewhere, its logits in the data's class order (classes by
     name): the classifier's rows are reordered when the model's logit order differs."""
-    import torch
-
-    from shortcutlab.models.adapter import create_model, wrap as wrap_model
     from shortcutlab.errors import ShortcutlabError
     from shortcutlab.models.runs import Run
 
     if file_sha256(wrap["weights"]) != wrap["weights_sha256"]:
         raise ShortcutlabError(f"weights file {wrap['weights']!r} changed since the sweep was planned; start the sweep again")
-    if sorted(wrap["classes"]) != sorted(classes):
-        raise ShortcutlabError(f"the model's classes {wrap['classes']} differ from the data's {classes}")
-    model = create_model(wrap["arch"], num_classes=len(classes), pretrained=wrap["weights"])
-    perm = [wrap["classes"].index(c) for c in classes]
-    if perm != list(range(len(classes))):
-        head = model.get_classifier()
-        with torch.no_grad():
-            head.weight.copy_(head.weight[perm])
-            if head.bias is not None:
-                head.bias.copy_(head.bias[perm])
-    record = {"config": {"arch": wrap["arch"]}, "classes": list(classes), "files": {}}
-    return Run(path=os.path.dirname(wrap["weights"]), record=record, adapter=wrap_model(model).eval(), run_id=wrap["arch"])
+    return Run.from_weights(wrap["arch"], wrap["weights"], wrap["classes"], order=classes, path=os.path.dirname(wrap["weights"]))
 
 
 def _run_score(task: Task, root: str, tmp: str, final: str) -> dict:
