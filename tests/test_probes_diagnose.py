@@ -282,6 +282,30 @@ def test_cli_diagnose_list_names_every_diagnostic_and_settings_it_accepts(capsys
 
 
 # --- issue 21: how a run is loaded and scored (its device, its preprocess, weights from elsewhere)
+def test_cli_diagnose_loads_and_runs_the_model_on_its_device(run, tmp_path, monkeypatch):
+    # --device reaches the model load (resolve_device sees it) and the model's parameters and
+    # batches end up there: torch's "meta" device, which a CPU machine has (shapes without
+    # data, so the command stops at the model's first forward pass), for a run folder and
+    # for a model trained elsewhere (--arch --weights --classes)
+    import shortcutlab.models.devices as devices
+    from shortcutlab.cli import main
+
+    from test_sweep_run import _Ran, _watch_models
+
+    tmp, man, split = run
+    asked: list = []
+    monkeypatch.setattr(devices, "resolve_device", lambda name: asked.append(str(name)) or torch.device("meta"))
+    seen = _watch_models(monkeypatch, stop=True)
+    classes = ",".join(read_record(tmp / "run")["classes"])
+    for extra in ([str(tmp / "run")], [str(tmp_path / "ext"), "--arch", "test_resnet", "--weights", str(tmp / "run" / "model.safetensors"),
+                                       "--classes", classes, "--manifest", man, "--split", split]):
+        asked.clear(), seen.clear()
+        with pytest.raises(_Ran):
+            main(["diagnose", *extra, "--only", "parent_probe", "--device", "cuda:1", "--out", str(tmp_path / "out"), "--quiet", "--no-cache"])
+        assert asked and set(asked) == {"cuda:1"}
+        assert seen == [(torch.device("meta"), torch.device("meta"))]
+
+
 def test_a_run_trained_with_masked_backgrounds_scores_its_crops_masked(tmp_path):
     # the run's preprocess (read from run.json) gives back the logits training wrote, which it
     # computed on masked crops; the crops as they are give other logits

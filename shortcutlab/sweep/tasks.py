@@ -149,11 +149,16 @@ def _wrapped_tasks(g: TaskGraph, wrap: dict, condition: str, seed: int, protocol
 
 
 def _model_tasks(cfg, g: TaskGraph, key: dict, inputs: dict, deps: list, seed: int, ivs: list, res: dict) -> dict:
-    score = g.add("score", {"interventions": ivs, "seed": seed, "batch_size": SCORE_BATCH, "inputs": inputs}, deps, resources=res)
+    # The model is scored on the sweep's device. Off the CPU the device joins the parameters
+    # (and so the id): CPU sweeps keep their task ids, and a GPU sweep's models, scored on
+    # the CPU before the device reached these tasks, are scored again on the GPU.
+    on = {} if cfg.device == "cpu" else {"device": cfg.device}
+    score = g.add("score", {"interventions": ivs, "seed": seed, "batch_size": SCORE_BATCH, "inputs": inputs, **on}, deps,
+                  resources=res)
     diag = ""
     if cfg.diagnostics:
         diag = g.add("diagnose", {"only": list(cfg.diagnostics), "params": cfg.diagnostic_params, "seed": seed,
-                                  "batch_size": SCORE_BATCH, "inputs": inputs}, deps, resources=res)
+                                  "batch_size": SCORE_BATCH, "inputs": inputs, **on}, deps, resources=res)
     return {**key, "score": score, "diagnose": diag}
 
 
@@ -295,7 +300,8 @@ def _run_train(task: Task, root: str, tmp: str, final: str) -> dict:
 
 
 def _context(task: Task, root: str):
-    """The DiagnosticContext of the model a score or diagnose task reads."""
+    """The DiagnosticContext of the model a score or diagnose task reads, the model loaded on
+    the task's device (``params["device"]``, the sweep's; CPU when absent)."""
     import numpy as np
 
     import probes
@@ -308,20 +314,21 @@ def _context(task: Task, root: str):
 
     p = task.params
     inputs = p["inputs"]
+    device = p.get("device", "cpu")
     if "checkpoint" in inputs:
-        run = load_run(inputs["checkpoint"])
+        run = load_run(inputs["checkpoint"], device=device)
         crops, split, side = load_run_data(run)
         model_id = _checkpoint_key(inputs["checkpoint"])["model"]
     elif "wrap" in inputs:
         res, split_path = _split_files(root, inputs["split"])
         table = _table(root, res)
-        run = _wrapped_run(inputs["wrap"], list(table.classes))
+        run = _wrapped_run(inputs["wrap"], list(table.classes), device)
         crops = load_crops(table)
         split = SplitManifest.read(split_path)
         side = np.asarray(side_codes(table, split.cell(inputs.get("side_cell"))))
         model_id = wrapped_model_id(inputs["wrap"], inputs["split"])
     else:
-        run = load_run(task_dir(root, "train", inputs["train"]))
+        run = load_run(task_dir(root, "train", inputs["train"]), device=device)
         res, split_path = _split_files(root, inputs["split"])
         table = _table(root, res)
         crops = load_crops(table)
@@ -337,15 +344,16 @@ def _context(task: Task, root: str):
     return ctx, run, split
 
 
-def _wrapped_run(wrap: dict, classes: list[str]):
-    """A `Run` of a model trained elsewhere, its logits in the data's class order (classes by
-    name): the classifier's rows are reordered when the model's logit order differs."""
+def _wrapped_run(wrap: dict, classes: list[str], device: str = "cpu"):
+    """A `Run` of a model trained elsewhere, on `device`, its logits in the data's class order
+    (classes by name): the classifier's rows are reordered when the model's logit order differs."""
     from shortcutlab.errors import ShortcutlabError
     from shortcutlab.models.runs import Run
 
     if file_sha256(wrap["weights"]) != wrap["weights_sha256"]:
         raise ShortcutlabError(f"weights file {wrap['weights']!r} changed since the sweep was planned; start the sweep again")
-    return Run.from_weights(wrap["arch"], wrap["weights"], wrap["classes"], order=classes, path=os.path.dirname(wrap["weights"]))
+    return Run.from_weights(wrap["arch"], wrap["weights"], wrap["classes"], order=classes, path=os.path.dirname(wrap["weights"]),
+                            device=device)
 
 
 def _run_score(task: Task, root: str, tmp: str, final: str) -> dict:
