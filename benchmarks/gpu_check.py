@@ -98,7 +98,8 @@ def run_training(args, device: str) -> tuple[bool, list[str]]:
     import pandas as pd
 
     from shortcutlab.cli import main as cli
-    from shortcutlab.models.recipe import TrainConfig, load_manifest_table, train
+    from shortcutlab.data.images import load_manifest_table
+    from shortcutlab.models.recipe import TrainConfig, train
 
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         bench, split = os.path.join(tmp, "bench"), os.path.join(tmp, "split.csv")
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from shortcutlab.errors import ShortcutlabError
-    from shortcutlab.models.recipe import resolve_device
+    from shortcutlab.models.devices import resolve_device
 
     try:
         device = resolve_device(args.device)

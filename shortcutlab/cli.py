@@ -335,7 +335,8 @@ def _key_values(items: list[str], flag: str) -> dict:
 
 
 def cmd_train(args) -> int:
-    from shortcutlab.models.recipe import TrainConfig, load_manifest_table, train
+    from shortcutlab.data.images import load_manifest_table
+    from shortcutlab.models.recipe import TrainConfig, train
 
     cfg = TrainConfig(
         arch=args.arch,
@@ -441,8 +442,8 @@ def _retrain_inputs(args):
     """The table and split of `litmus` / `control`, after refusing an output folder that cannot
     be made (nothing is created: the output files are checked once the inputs are)."""
     from shortcutlab.data.manifest import SplitManifest
+    from shortcutlab.data.images import load_manifest_table
     from shortcutlab.paths import need_file
-    from shortcutlab.models.recipe import load_manifest_table
 
     _check_output_folder(args.out, "--out")
     for path, what in ((args.manifest, "crop manifest"), (args.split, "split manifest")):
@@ -600,7 +601,7 @@ def cmd_diagnose(args) -> int:
     params = _diagnose_params(args.param)
     for name in (only or []) + list(params):
         probes.get_class(name)  # an unknown name lists the close matches, before any work
-    from shortcutlab.models.recipe import resolve_device
+    from shortcutlab.models.devices import resolve_device
 
     resolve_device(args.device)  # as train and sweep: a device that is not here is named before any work
     out_dir = args.out or args.run
@@ -609,34 +610,22 @@ def cmd_diagnose(args) -> int:
     # a user's table where ours would go is named before any work (this reads, creates nothing)
     claim_output_files(out_dir, ("diagnostics.csv", "diagnostics.json"), _json_of("diagnostics.json"))
     if args.arch:
-        from shortcutlab.models.adapter import create_model, wrap
-
         if not args.weights or not args.classes:
             raise ShortcutlabError("--arch needs --weights FILE and --classes A,B,... (in the model's logit order)")
         classes = [c.strip() for c in args.classes.split(",")]
-        model = create_model(args.arch, num_classes=len(classes), pretrained=args.weights)
-        record = {"config": {"arch": args.arch}, "classes": classes, "files": {}}
-        run = Run(path=os.path.abspath(args.run), record=record, adapter=wrap(model, device=args.device).eval(), run_id=args.run_id or args.arch)
+        run = Run.from_weights(args.arch, args.weights, classes, path=os.path.abspath(args.run), run_id=args.run_id, device=args.device)
     else:
         run = load_run(args.run, device=args.device)
     # the model is built first: weights that cannot be loaded are named before --out is made
     _check_output_files(None, [("--out", os.path.join(out_dir, "diagnostics.csv")), ("--out", os.path.join(out_dir, "diagnostics.json"))])
     crops, split, side = load_run_data(run, args.manifest, args.split, args.cell)
     targets = probes.intervention_targets(crops, split, seed=args.seed) if args.unseen_field_targets else None
-    preprocess = None
-    cfg = run.record.get("config", {})
-    if cfg.get("mask_background"):
-        from shortcutlab.models.recipe import mask_background
-
-        fill = float(cfg.get("background_fill", 0.5))
-        preprocess = lambda x, m: mask_background(x, m, fill)  # noqa: E731 (scored as trained)
-        preprocess.key = f"mask_background={fill}"
     log: list = []
     t0 = time.perf_counter()
     rows = probes.diagnose(
         run.adapter, crops, side, only=only, params=params, run_id=args.run_id or run.run_id, batch_size=args.batch_size,
         seed=args.seed, cache_dir=os.path.join(out_dir, ".features") if args.cache else None, progress=not args.quiet,
-        targets=targets, preprocess=preprocess, log=log,
+        targets=targets, preprocess=run.preprocess, log=log,
     )
     rows["split_sha256"] = split.hash
     meta = {"run": run.path, "run_id": args.run_id or run.run_id, "split_sha256": split.hash, "cell": run.record.get("cell"),

@@ -174,8 +174,8 @@ def table_csv(tmp_path) -> str:
 @pytest.fixture
 def no_work(monkeypatch):
     """Every command's work fails loudly: output checks must come before it."""
+    import shortcutlab.data.images
     import shortcutlab.studies.demo
-    import shortcutlab.models.recipe
     import shortcutlab.synth
 
     def boom(*a, **k):
@@ -183,7 +183,7 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(CropTable, "from_csv", classmethod(boom))
     monkeypatch.setattr(shortcutlab.synth, "synthesize", boom)
-    monkeypatch.setattr(shortcutlab.models.recipe, "load_manifest_table", boom)
+    monkeypatch.setattr(shortcutlab.data.images, "load_manifest_table", boom)
     monkeypatch.setattr(shortcutlab.studies.demo, "run_demo", boom)
 
 
@@ -475,7 +475,7 @@ def _train_inputs(tmp_path):
     from PIL import Image
 
     from shortcutlab import parent_split
-    from shortcutlab.models.recipe import load_manifest_table
+    from shortcutlab.data.images import load_manifest_table
 
     os.makedirs(tmp_path / "crops", exist_ok=True)
     rng = np.random.default_rng(0)
@@ -2475,3 +2475,28 @@ I21_D_CASES = [
 @pytest.mark.parametrize("case", I21_D_CASES, ids=[c.id for c in I21_D_CASES])
 def test_bad_input_i21_intervention_needs(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+# --- issue 21: A, how a run is loaded and scored ---------------------------------------------
+def test_loading_a_run_on_a_device_that_is_not_here_is_one_line(tmp_path, monkeypatch):
+    import os
+
+    import torch
+
+    from shortcutlab.errors import ShortcutlabError
+    from shortcutlab.models.runs import Run, load_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = _run20(tmp_path / "run")
+    weights = os.path.join(run, "model.safetensors")
+    for load in (lambda: load_run(run, device="cuda:1"), lambda: Run.from_weights("test_resnet", weights, ["a", "b"], device="cuda:1")):
+        with pytest.raises(ShortcutlabError) as e:
+            load()
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("device 'cuda:1' is not available: torch sees no CUDA GPU") and msg.endswith("available here: cpu")
+
+
+def test_weights_from_elsewhere_with_other_classes_than_the_data_name_both(tmp_path):
+    from shortcutlab.models.runs import Run, RunError
+
+    weights = _weights20(tmp_path / "ext.safetensors")
+    with pytest.raises(RunError, match=r"^the model's classes \['a', 'b'\] differ from the data's \['a', 'c'\]$"):
+        Run.from_weights("test_resnet", weights, ["a", "b"], order=["a", "c"])

@@ -14,7 +14,8 @@ from scipy.stats import binomtest
 import probes
 from probes import DiagnosticError
 from shortcutlab import parent_split
-from shortcutlab.models.recipe import TrainConfig, load_manifest_table, train
+from shortcutlab.data.images import load_manifest_table
+from shortcutlab.models.recipe import TrainConfig, train
 from shortcutlab.models.runs import RunError, load_run, load_run_data, read_record
 
 from test_recipe import _manifest
@@ -325,3 +326,85 @@ def test_cli_unseen_field_targets_gives_every_declaring_plug_in_its_targets(run,
         assert len(np.concatenate(RowTag.received)) == int((logits.split == "test").sum())
         assert main(argv) == 0  # without the flag the toy is skipped, as label-conditioned
         assert list(pd.read_csv(out / "diagnostics.csv").query("setting == 'intervention=toy_row_tag'").metric) == ["skipped"]
+
+
+# --- issue 21: how a run is loaded and scored (its device, its preprocess, weights from elsewhere)
+def test_cli_diagnose_loads_and_runs_the_model_on_its_device(run, tmp_path, monkeypatch):
+    # --device reaches the model load (resolve_device sees it) and the model's parameters and
+    # batches end up there: torch's "meta" device, which a CPU machine has (shapes without
+    # data, so the command stops at the model's first forward pass), for a run folder and
+    # for a model trained elsewhere (--arch --weights --classes)
+    import shortcutlab.models.devices as devices
+    from shortcutlab.cli import main
+
+    from test_sweep_run import _Ran, _watch_models
+
+    tmp, man, split = run
+    asked: list = []
+    monkeypatch.setattr(devices, "resolve_device", lambda name: asked.append(str(name)) or torch.device("meta"))
+    seen = _watch_models(monkeypatch, stop=True)
+    classes = ",".join(read_record(tmp / "run")["classes"])
+    for extra in ([str(tmp / "run")], [str(tmp_path / "ext"), "--arch", "test_resnet", "--weights", str(tmp / "run" / "model.safetensors"),
+                                       "--classes", classes, "--manifest", man, "--split", split]):
+        asked.clear(), seen.clear()
+        with pytest.raises(_Ran):
+            main(["diagnose", *extra, "--only", "parent_probe", "--device", "cuda:1", "--out", str(tmp_path / "out"), "--quiet", "--no-cache"])
+        assert asked and set(asked) == {"cuda:1"}
+        assert seen == [(torch.device("meta"), torch.device("meta"))]
+
+
+def test_a_run_trained_with_masked_backgrounds_scores_its_crops_masked(tmp_path):
+    # the run's preprocess (read from run.json) gives back the logits training wrote, which it
+    # computed on masked crops; the crops as they are give other logits
+    from probes.base import DiagnosticContext
+
+    man = _manifest(tmp_path)
+    parent_split(load_manifest_table(man), 0.25, seed=0).to_csv(tmp_path / "split.csv")
+    cfg = TrainConfig(arch="test_resnet", epochs=1, batch_size=16, mask_background=True, background_fill=0.3)
+    train(man, str(tmp_path / "split.csv"), str(tmp_path / "run"), cfg, progress=False)
+    r = load_run(tmp_path / "run")
+    assert r.preprocess.key == "mask_background=0.3"
+    crops, _, side = load_run_data(r)
+    idx = np.flatnonzero(side >= 0)
+    theirs = pd.read_csv(tmp_path / "run" / "logits.csv").set_index("id").loc[crops.table.ids[idx], ["logit_class0", "logit_class1"]].to_numpy()
+    for pre, same in ((r.preprocess, True), (None, False)):
+        x, _ = DiagnosticContext(r.adapter, crops, side, preprocess=pre).batch(idx)
+        with torch.no_grad():
+            ours = r.adapter.logits(x).numpy()
+        assert np.allclose(ours, theirs, atol=1e-4) == same
+
+
+def test_a_runs_preprocess_is_the_masked_background_of_its_record():
+    from shortcutlab.models.runs import Run
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(2, 3, 8, 8, generator=g)
+    m = (torch.rand(2, 1, 8, 8, generator=g) > 0.5).float()
+    masked = {"arch": "test_resnet", "mask_background": True}
+    for cfg, fill in ((masked, 0.5), ({**masked, "background_fill": 0.25}, 0.25)):
+        pre = Run(path="", record={"config": cfg, "classes": ["a"]}, adapter=None, run_id="r").preprocess
+        assert pre.key == f"mask_background={fill}"
+        torch.testing.assert_close(pre(x, m), x * m + fill * (1 - m), rtol=0, atol=1e-7)
+    for cfg in ({"arch": "test_resnet"}, {**masked, "mask_background": False}):
+        assert Run(path="", record={"config": cfg, "classes": ["a"]}, adapter=None, run_id="r").preprocess is None
+
+
+def test_from_weights_orders_the_logits_by_the_classes_asked_for(tmp_path):
+    from shortcutlab.models.adapter import create_model
+    from shortcutlab.models.runs import Run
+
+    torch.manual_seed(5)
+    model = create_model("test_resnet", num_classes=3).eval()
+    torch.save(model.state_dict(), tmp_path / "ext.pt")
+    x = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    mean = torch.tensor(model.pretrained_cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        hand = model((x - mean) / std)  # columns: b, c, a (the model's logit order)
+        as_saved = Run.from_weights("test_resnet", str(tmp_path / "ext.pt"), ["b", "c", "a"])
+        by_name = Run.from_weights("test_resnet", str(tmp_path / "ext.pt"), ["b", "c", "a"], order=["a", "b", "c"], run_id="ext")
+        torch.testing.assert_close(as_saved.adapter.logits(x), hand)
+        torch.testing.assert_close(by_name.adapter.logits(x), hand[:, [2, 0, 1]])
+    assert as_saved.record == {"config": {"arch": "test_resnet"}, "classes": ["b", "c", "a"], "files": {}}
+    assert by_name.record["classes"] == ["a", "b", "c"] and (as_saved.run_id, by_name.run_id) == ("test_resnet", "ext")
+    assert as_saved.path == str(tmp_path) and as_saved.preprocess is None and as_saved.device == torch.device("cpu")

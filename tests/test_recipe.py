@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 
 from shortcutlab import ShortcutlabError, TableError, parent_split
-from shortcutlab.models.recipe import TrainConfig, dann_lambda, load_manifest_table, random_resized_crop, train
+from shortcutlab.data.images import load_manifest_table
+from shortcutlab.models.recipe import TrainConfig, dann_lambda, random_resized_crop, train
 
 FAST = dict(arch="test_resnet", epochs=1, batch_size=16)
 
@@ -444,7 +445,7 @@ def test_cli_trains_on_a_synthetic_benchmark_with_an_augmentation(tmp_path, caps
 
 
 def test_masked_background_is_the_background_removal_formula():
-    from shortcutlab.models.recipe import mask_background
+    from shortcutlab.models.runs import mask_background
 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(3, 3, 10, 10, generator=g)
@@ -455,7 +456,7 @@ def test_masked_background_is_the_background_removal_formula():
 
 
 def test_a_missing_device_is_refused_before_any_work(tmp_path, tiny, monkeypatch):
-    from shortcutlab.models.recipe import resolve_device
+    from shortcutlab.models.devices import resolve_device
 
     man, split = tiny
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -478,7 +479,7 @@ def test_a_missing_device_is_refused_before_any_work(tmp_path, tiny, monkeypatch
 
 
 def test_cuda_gets_the_cublas_workspace_before_cuda_starts(tmp_path, tiny, monkeypatch):
-    from shortcutlab.models.recipe import resolve_device
+    from shortcutlab.models.devices import resolve_device
 
     man, split = tiny
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)

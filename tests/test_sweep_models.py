@@ -38,8 +38,7 @@ def external(tmp_path_factory):
 
 
 def test_a_wrapped_model_is_scored_not_trained_on_the_common_test_set(external):
-    from shortcutlab.data.images import load_crops
-    from shortcutlab.models.recipe import load_manifest_table
+    from shortcutlab.data.images import load_crops, load_manifest_table
     from shortcutlab.sweep.folder import read_result, task_dir
 
     d, model, out, summary = external

@@ -67,7 +67,7 @@ def test_predictions_match_the_trained_runs_logits(tiny):
         # greyscale by hand (BT.601 luma on all channels), scored by the reloaded model
         grey = g[g["intervention"] == "greyscale"].set_index("id")
         run = load_run(run_dir)
-        from shortcutlab.models.recipe import load_manifest_table
+        from shortcutlab.data.images import load_manifest_table
         from shortcutlab.data.images import load_crops
 
         crops = load_crops(load_manifest_table(run.record["data"]["manifest"]))
@@ -358,3 +358,119 @@ def test_sigkill_of_a_sweep_with_two_workers_leaves_no_process_behind(tmp_path):
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
+
+
+# --- issue 21: score and diagnose tasks run their model on the sweep's device -------------
+class _Ran(BaseException):
+    """Raised at a watched model's first forward pass: the task stops there (a BaseException,
+    so that a diagnostic's own failure handling does not catch it)."""
+
+
+def _watch_models(monkeypatch, stop: bool) -> list:
+    """Every model wrapped from now on records (its parameters' device, its input's device) at
+    each forward pass of its first layer with parameters; with `stop`, the first pass raises
+    `_Ran`. The hook sits on that layer because every output (logits, features) passes it."""
+    import shortcutlab.models.adapter as adapter
+
+    seen: list = []
+    real = adapter.wrap
+
+    def spy(model, **kw):
+        first = next(m for m in model.modules() if any(True for _ in m.parameters(recurse=False)))
+
+        def hook(module, args):
+            seen.append((next(module.parameters()).device, args[0].device))
+            if stop:
+                raise _Ran
+
+        first.register_forward_pre_hook(hook)
+        return real(model, **kw)
+
+    monkeypatch.setattr(adapter, "wrap", spy)
+    return seen
+
+
+def test_the_sweeps_device_reaches_its_score_and_diagnose_tasks(monkeypatch):
+    import torch
+
+    from shortcutlab.sweep.plan import build_plan
+
+    diag = {**TINY, "diagnostics": {"only": ["parent_probe"]}}
+    with monkeypatch.context() as m:  # a machine with one GPU, for the config's device check
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "device_count", lambda: 1)
+        gpu = build_plan(validate({**diag, "device": "cuda:0"}))
+    tasks = [t for t in gpu.graph.ordered() if t.kind in ("score", "diagnose")]
+    assert sorted(t.kind for t in tasks) == ["diagnose", "diagnose", "score", "score"]
+    assert all(t.params["device"] == "cuda:0" and t.resources["gpu"] == 1 for t in tasks)
+    # on the CPU the parameters (and so the ids of earlier sweep folders) have no device
+    cpu = [t for t in build_plan(validate(diag)).graph.ordered() if t.kind in ("score", "diagnose")]
+    assert len(cpu) == 4 and not any("device" in t.params for t in cpu)
+
+
+def test_score_and_diagnose_tasks_load_and_run_their_model_on_the_task_device(tiny, monkeypatch):
+    # The bug: these tasks reserved the sweep's GPU but loaded their model on the CPU. Here
+    # the device a task names must reach the model load (resolve_device sees it), and the
+    # model's parameters and its input batches must be where it sends them: torch's "meta"
+    # device, which a CPU-only machine has (shapes without data: the task stops at the
+    # model's first forward pass). Every route: a model the sweep trained, a checkpoint (a
+    # run folder) and a model trained elsewhere (weights, arch, classes).
+    import json
+
+    import torch
+
+    import shortcutlab.models.devices as devices
+    from shortcutlab.sweep.graph import Task
+    from shortcutlab.sweep.plan import build_plan
+    from shortcutlab.sweep.tasks import run_task
+
+    out, _ = tiny
+    trained = next(t for t in build_plan(validate(TINY)).graph.ordered() if t.kind == "score")
+    run_dir = task_dir(out, "train", trained.params["inputs"]["train"])
+    with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+        classes = json.load(f)["classes"]
+    others = validate({**TINY, "models": [{"checkpoint": run_dir}, {"weights": os.path.join(run_dir, "model.safetensors"),
+                                                                    "arch": "test_resnet", "classes": classes, "name": "ext"}]})
+    scores = [t for t in build_plan(others).graph.ordered() if t.kind == "score"]
+    routes = {"train": trained, **{next(k for k in ("checkpoint", "wrap") if k in t.params["inputs"]): t for t in scores}}
+    assert sorted(routes) == ["checkpoint", "train", "wrap"]
+    diagnose = {"only": ["parent_probe"], "params": {}, "seed": 0, "batch_size": 256, "inputs": trained.params["inputs"]}
+    asked: list = []
+    monkeypatch.setattr(devices, "resolve_device", lambda name: asked.append(str(name)) or torch.device("meta"))
+    seen = _watch_models(monkeypatch, stop=True)
+    jobs = [(f"score-{r}", "score", t.params, t.deps) for r, t in routes.items()] + [("diagnose-train", "diagnose", diagnose, trained.deps)]
+    for name, kind, params, deps in jobs:
+        asked.clear(), seen.clear()
+        task = Task(id=f"device-{name}", kind=kind, params={**params, "device": "cuda:1"}, deps=deps)
+        with pytest.raises(_Ran):
+            run_task(task, out)
+        assert asked == ["cuda:1"], name
+        assert seen == [(torch.device("meta"), torch.device("meta"))], name
+        assert not os.path.exists(task_dir(out, kind, task.id))  # stopped: no task folder left
+
+
+@pytest.mark.device
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_sweep_scores_its_models_on_cuda(tmp_path, monkeypatch):
+    # on a GPU: the score task's model and batches are on CUDA (so are training's), and its
+    # predictions are those of the same run scored on the CPU, but for near ties, which
+    # CUDA's kernels (TF32 convolutions) may flip
+    import torch
+
+    from shortcutlab.data.images import load_crops, load_manifest_table
+    from shortcutlab.models.runs import load_run
+
+    seen = _watch_models(monkeypatch, stop=False)
+    out = str(tmp_path / "gpu")
+    run_sweep(validate({**TINY, "cells": ["leak-high"], "device": "cuda"}), out, progress=False)
+    assert seen and all(p.type == "cuda" and x.type == "cuda" for p, x in seen)
+    pred = pd.read_parquet(os.path.join(out, "predictions.parquet"))
+    none = pred[pred["intervention"] == "none"]
+    run = load_run(task_dir(out, "train", none["model"].iat[0]), device="cpu")
+    crops = load_crops(load_manifest_table(run.record["data"]["manifest"]))
+    rows = torch.as_tensor(np.searchsorted(crops.table.ids.astype(str), none["id"].astype(str).to_numpy()))
+    with torch.no_grad():
+        logits = run.adapter.logits(crops.images[rows].float() / 255.0)
+    top2 = logits.topk(2, dim=1).values
+    near_tie = (top2[:, 0] - top2[:, 1]).numpy() < 0.05
+    assert len(none) and ((none["pred"].to_numpy() == logits.argmax(1).numpy()) | near_tie).all()

@@ -390,7 +390,7 @@ def test_all_cells_masks_are_written_as_an_added_manifest_column_and_read_back(w
     back = load_synth(paths["out_dir"])
     assert torch.equal(back.all_cells, data.all_cells)
     assert back.all_cells.sum() > back.masks.sum()  # neighbours are in it
-    from shortcutlab.models.recipe import load_manifest_table
+    from shortcutlab.data.images import load_manifest_table
     from shortcutlab.data.images import load_crops
 
     crops = load_crops(load_manifest_table(paths["manifest"], mask="all_cells_mask"))

@@ -11,7 +11,7 @@ Modules, one idea each:
 - `siblings`: perceptual-hash search for sibling crops across a split's sides;
 - `audit`: measured exposure of an existing split;
 - `card`: the reporting card of an audit;
-- `images`: crops read into memory as tensors (`load_crops`, `CropImages`);
+- `images`: a crop manifest read (`load_manifest_table`) and its crops loaded as tensors (`load_crops`, `CropImages`);
 - `random_tables`: random crop tables with a known structure, for tests and benchmarks.
 
 `images` imports torch; the rest needs only numpy and pandas, so table work stays light.

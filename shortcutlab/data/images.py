@@ -1,4 +1,4 @@
-"""Load the crops of a crop table into memory as tensors.
+"""Load the crops of a crop table into memory as tensors (and read a crop manifest's table).
 
 Crops are small (tens of pixels) and datasets in this field hold thousands to tens of
 thousands of them, so the whole set is held as one uint8 tensor: training then draws batches
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shortcutlab.errors import TableError
+from shortcutlab.errors import ShortcutlabError, TableError
 from shortcutlab.paths import wrong_kind
 from shortcutlab.data.table import CropTable
 
@@ -173,3 +173,36 @@ def load_crops(table: CropTable, root: str | None = None) -> CropImages:
                 )
             masks[i, 0] = m
     return CropImages(torch.from_numpy(imgs), None if masks is None else torch.from_numpy(masks), table)
+
+
+def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path",
+                        mask: str | None = "mask") -> CropTable:
+    """Read a crop manifest (as written by `shortcutlab synth`): id, path, [mask], label, parent.
+
+    The mask column is used when the file has it and ignored otherwise, so one call reads
+    manifests with and without masks; `load_crops` then reads the images.
+
+    Args:
+        path: the crop manifest CSV.
+        id, label, parent, image, mask: its column names.
+
+    Raises:
+        ShortcutlabError: a missing or empty file; the table reader's errors (`CropTable.from_csv`)
+            for missing columns or bad values.
+
+    Example:
+        >>> crops = load_crops(load_manifest_table("bench/manifest.csv"))   # doctest: +SKIP
+    """
+    import pandas as pd
+
+    from shortcutlab.paths import need_file
+
+    need_file(path, "crop manifest")
+    try:
+        cols = pd.read_csv(path, nrows=0).columns
+    except pd.errors.EmptyDataError:
+        raise ShortcutlabError(f"crop manifest {path!r} is empty; expected a CSV file with a header row "
+                               f"({id}, {image}, {label}, {parent}[, {mask}]) and one row per crop") from None
+    except (ValueError, UnicodeDecodeError, OSError):
+        cols = ()  # the table reader below names the problem
+    return CropTable.from_csv(path, id=id, label=label, parent=parent, image=image, mask=mask if mask in cols else None)

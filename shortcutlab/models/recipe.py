@@ -50,10 +50,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from shortcutlab.data.images import CropImages, load_crops
+from shortcutlab.data.images import CropImages, load_crops, load_manifest_table
 from shortcutlab.errors import ShortcutlabError
 from shortcutlab.models.grad_reverse import GradReverse as _GradReverse  # module attribute: tests spy on it
 from shortcutlab.models.grad_reverse import dann_lambda
+from shortcutlab.models.devices import resolve_device
+from shortcutlab.models.runs import mask_background
 from shortcutlab.io import OutputError, atomic_files, claim_output_dir, read_json_object, to_json, write_marker, write_text
 from shortcutlab.data.manifest import SplitManifest
 from shortcutlab.data.table import CropTable
@@ -204,21 +206,6 @@ def _flip(x: torch.Tensor, dim: int, generator: torch.Generator) -> torch.Tensor
     return x
 
 
-def mask_background(x: torch.Tensor, mask: torch.Tensor | None, fill: float) -> torch.Tensor:
-    # F3 is the background_removal intervention with a constant fill, in training and scoring.
-    from interventions import background_removal
-
-    from interventions.base import InterventionWarning
-
-    if mask is None:
-        raise ShortcutlabError("mask_background needs cell masks: give the manifest a mask column (--mask COL)")
-    # Empty masks are counted and warned about once per run (run.json's empty_masks), not once
-    # per batch.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InterventionWarning)
-        return background_removal(x, mask, fill="constant", value=fill)
-
-
 def _versions() -> dict:
     import timm
 
@@ -231,63 +218,6 @@ def _versions() -> dict:
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
-
-
-def available_devices() -> list[str]:
-    """The torch devices this process can train on: 'cpu', then 'cuda:0', ..., 'mps', 'xpu:0', ..."""
-    out = ["cpu"]
-    if torch.cuda.is_available():
-        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        out.append("mps")
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        out += [f"xpu:{i}" for i in range(xpu.device_count())]
-    return out
-
-
-def resolve_device(name: str | torch.device) -> torch.device:
-    """Check that device `name` exists here and prepare it for deterministic training.
-
-    For CUDA, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set (unless already set) before anything
-    touches CUDA: with ``torch.use_deterministic_algorithms(True)``, cuBLAS matrix products
-    need a fixed workspace and torch refuses to run them without this variable. It takes
-    effect only if cuBLAS has not started yet in this process; a program that uses CUDA before
-    calling `train` should set it in the environment before starting Python.
-
-    Raises:
-        ShortcutlabError: a name torch does not know, or a device that is not available here
-            (no GPU, an index beyond the GPUs present, an unavailable backend), naming the
-            devices that are.
-    """
-    text = str(name)
-    if text.strip().lower().startswith("cuda"):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise ShortcutlabError(f"device {text!r} is not a torch device name (cpu, cuda, cuda:N, mps, ...); available here: {', '.join(available_devices())}") from None
-    if device.type == "cpu":
-        return device
-    available = available_devices()
-    where = f"available here: {', '.join(available)}"
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA support"
-            raise ShortcutlabError(f"device {text!r} is not available: torch sees no CUDA GPU (torch {torch.__version__}, built with {build}); {where}")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ShortcutlabError(f"device {text!r} does not exist: this machine has {torch.cuda.device_count()} CUDA GPU(s); {where}")
-        return device
-    if device.type == "mps":
-        if "mps" not in available:
-            raise ShortcutlabError(f"device {text!r} is not available: torch.backends.mps.is_available() is False; {where}")
-        return device
-    if device.type == "xpu":
-        if not any(a.startswith("xpu") for a in available) or (device.index is not None and f"xpu:{device.index}" not in available):
-            raise ShortcutlabError(f"device {text!r} is not available; {where}")
-        return device
-    raise ShortcutlabError(f"device {text!r} cannot be used for training; {where}")
 
 
 @contextlib.contextmanager
@@ -522,21 +452,6 @@ def _is_legacy_run(out: str) -> bool:
     """A run folder written before output markers: its run.json is a run record."""
     d = read_json_object(os.path.join(out, "run.json"))
     return d is not None and isinstance(d.get("config"), dict) and isinstance(d.get("files"), dict)
-
-
-def load_manifest_table(path: str, id: str = "id", label: str = "label", parent: str = "parent", image: str = "path", mask: str | None = "mask") -> CropTable:
-    """Read a crop manifest (as written by `shortcutlab synth`): id, path, [mask], label, parent."""
-    from shortcutlab.paths import need_file
-
-    need_file(path, "crop manifest")
-    try:
-        cols = pd.read_csv(path, nrows=0).columns
-    except pd.errors.EmptyDataError:
-        raise ShortcutlabError(f"crop manifest {path!r} is empty; expected a CSV file with a header row "
-                               f"({id}, {image}, {label}, {parent}[, {mask}]) and one row per crop") from None
-    except (ValueError, UnicodeDecodeError, OSError):
-        cols = ()  # the table reader below names the problem
-    return CropTable.from_csv(path, id=id, label=label, parent=parent, image=image, mask=mask if mask in cols else None)
 
 
 def train(

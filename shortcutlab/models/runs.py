@@ -1,36 +1,122 @@
-"""Read a run folder written by `shortcutlab train`: the model, its record, its data.
+"""How a trained run is loaded and scores its crops: the model, its record, its data, its preprocess.
 
 A run folder holds ``model.safetensors`` (the weights), ``logits.csv`` and ``run.json`` (the
 `RunRecord`: config, classes, split hash, and, since this release, the crop manifest and split
 manifest it was trained on). `load_run` rebuilds the trained model from them without
-downloading anything, and `load_run_data` reloads its crops and split, checking the split's
-hash against the one the run recorded.
+downloading anything, on the device asked for, and `load_run_data` reloads its crops and split,
+checking the split's hash against the one the run recorded. `Run.from_weights` makes the same
+`Run` of a model trained elsewhere (a timm architecture and a local weight file).
+
+A run scores its crops as it was trained on them: `Run.preprocess` (`preprocess_for` of its
+record) is the ``fn(x, mask) -> x`` every batch goes through first, e.g. `mask_background` for a
+run trained with masked backgrounds; training (`recipe.train`) calls the same `mask_background`.
 
 Example:
     >>> from shortcutlab.models.runs import load_run, load_run_data      # doctest: +SKIP
-    >>> run = load_run("runs/leak-low")
-    >>> crops, split, side = load_run_data(run)
+    >>> run = load_run("runs/leak-low", device="cuda")                  # doctest: +SKIP
+    >>> crops, split, side = load_run_data(run)                          # doctest: +SKIP
+    >>> run.preprocess      # None, or MaskBackground(fill=0.5) when trained with it  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from shortcutlab.errors import ShortcutlabError
 from shortcutlab.paths import inside, need_folder, wrong_kind
 
+if TYPE_CHECKING:
+    import torch
+
 
 class RunError(ShortcutlabError):
     """A run folder is missing a file or holds something that does not fit."""
 
 
+def mask_background(x: torch.Tensor, mask: torch.Tensor | None, fill: float) -> torch.Tensor:
+    """Replace the background outside the cell mask by a grey level (the paper's F3).
+
+    The one implementation of ``TrainConfig(mask_background=True)``: training batches
+    (`recipe.train`) and every batch a run trained with it scores (`MaskBackground`, the
+    run's `Run.preprocess`) go through it. It is the ``background_removal`` intervention with a
+    constant fill; the tensors stay on their device.
+
+    Args:
+        x: (B, 3, H, W) float crops in [0, 1].
+        mask: (B, 1, H, W) cell masks (1 on the cell), on the device of `x`.
+        fill: the grey level (0-1) painted outside the mask.
+
+    Returns:
+        ``x * mask + fill * (1 - mask)``, the shape, dtype and device of `x`.
+
+    Raises:
+        ShortcutlabError: no masks (`mask` is None).
+    """
+    # F3 is the background_removal intervention with a constant fill, in training and scoring.
+    from interventions import background_removal
+
+    from interventions.base import InterventionWarning
+
+    if mask is None:
+        raise ShortcutlabError("mask_background needs cell masks: give the manifest a mask column (--mask COL)")
+    # Empty masks are counted and warned about once per run (run.json's empty_masks), not once
+    # per batch.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterventionWarning)
+        return background_removal(x, mask, fill="constant", value=fill)
+
+
+@dataclass(frozen=True)
+class MaskBackground:
+    """The preprocess of a run trained with ``mask_background``: ``fn(x, mask) -> x``.
+
+    Scoring and diagnostics (`probes.DiagnosticContext`'s ``preprocess``) call it on every
+    batch before anything else, so the run sees its crops as it was trained on them.
+
+    Attributes:
+        fill: the grey level (0-1) outside the cell mask (the run's ``background_fill``).
+    """
+
+    fill: float
+
+    def __call__(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return mask_background(x, mask, self.fill)
+
+    @property
+    def key(self) -> str:
+        """Names the preprocess in feature caches (``mask_background=<fill>``)."""
+        return f"mask_background={self.fill}"
+
+
+def preprocess_for(record: dict) -> MaskBackground | None:
+    """What every batch of a run goes through before the model, read from its record.
+
+    Args:
+        record: a run record (run.json as a dict; `Run.record`).
+
+    Returns:
+        `MaskBackground` of the run's ``background_fill`` (default 0.5) when its config has
+        ``mask_background`` set, else None (the crops are scored as they are).
+
+    Example:
+        >>> preprocess_for({"config": {"mask_background": True, "background_fill": 0.25}}).key
+        'mask_background=0.25'
+    """
+    cfg = record.get("config", {})
+    if cfg.get("mask_background"):
+        return MaskBackground(float(cfg.get("background_fill", 0.5)))
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class Run:
-    """A trained model rebuilt from its run folder.
+    """A trained model rebuilt from its run folder (`load_run`) or its weights (`from_weights`).
 
     Attributes:
         path: the run folder.
@@ -43,6 +129,70 @@ class Run:
     record: dict
     adapter: object
     run_id: str
+
+    @property
+    def preprocess(self) -> MaskBackground | None:
+        """``fn(x, mask) -> x`` applied to every batch before the model, as the run was
+        trained (`preprocess_for` of its record), or None. It carries a ``key`` naming it."""
+        return preprocess_for(self.record)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model is (and where its input batches must be)."""
+        return self.adapter.device
+
+    @classmethod
+    def from_weights(cls, arch: str, weights: str, classes: Sequence[str], *, order: Sequence[str] | None = None,
+                     path: str | None = None, run_id: str | None = None, device: str | torch.device | None = None) -> Run:
+        """The run of a model trained elsewhere: a timm architecture and a local weight file.
+
+        Its record holds the architecture and classes only (``{"config": {"arch": ...},
+        "classes": [...], "files": {}}``): no preprocess, no recorded data.
+
+        Args:
+            arch: timm model name.
+            weights: local weight file (safetensors or a torch state dict; never downloaded).
+            classes: class names in the model's logit order.
+            order: the class order its logits should follow (e.g. the data's, by name): the
+                classifier's rows are reordered to it. Default: `classes` (as they are).
+            path: the folder the run stands for (default: the weight file's folder).
+            run_id: its name in rows (default: `arch`).
+            device: torch device for the model (default: CPU); checked by `resolve_device`.
+
+        Raises:
+            RunError: `order` names other classes than `classes`.
+            ShortcutlabError: a device that is not here; weights that do not fit `arch`.
+
+        Example:
+            >>> run = Run.from_weights("resnet18", "ext.pt", ["a", "b"], device="cuda")   # doctest: +SKIP
+        """
+        import torch
+
+        from shortcutlab.models.adapter import create_model
+
+        classes = list(classes)
+        order = classes if order is None else list(order)
+        if sorted(classes) != sorted(order):
+            raise RunError(f"the model's classes {classes} differ from the data's {order}")
+        model = create_model(arch, num_classes=len(classes), pretrained=weights)
+        perm = [classes.index(c) for c in order]
+        if perm != list(range(len(classes))):
+            head = model.get_classifier()
+            with torch.no_grad():
+                head.weight.copy_(head.weight[perm])
+                if head.bias is not None:
+                    head.bias.copy_(head.bias[perm])
+        record = {"config": {"arch": arch}, "classes": order, "files": {}}
+        return cls(path=path or os.path.dirname(os.path.abspath(weights)), record=record, adapter=_placed(model, device),
+                   run_id=run_id or arch)
+
+
+def _placed(model, device: str | torch.device | None):
+    """`model` wrapped, in eval mode, on `device` (default CPU), checked by `resolve_device`."""
+    from shortcutlab.models.adapter import wrap
+    from shortcutlab.models.devices import resolve_device
+
+    return wrap(model, device=resolve_device("cpu" if device is None else device)).eval()
 
 
 def read_record(run_dir: str | os.PathLike) -> dict:
@@ -114,17 +264,19 @@ def _run_id(run_dir: str) -> str:
     return "/".join(parts[-2:])
 
 
-def load_run(run_dir: str | os.PathLike, device: str | None = None) -> Run:
+def load_run(run_dir: str | os.PathLike, device: str | torch.device | None = None) -> Run:
     """Rebuild the trained model of a run folder (architecture from run.json, local weights).
 
     Args:
         run_dir: a folder written by `shortcutlab train` (or `shortcutlab.models.recipe.train`).
-        device: torch device for the model (default: CPU).
+        device: torch device for the model (default: CPU), checked by `resolve_device`; score
+            its crops there (`Run.device`; `probes.DiagnosticContext` moves batches to it).
 
     Raises:
         RunError: no run.json, no model.safetensors, or weights that do not fit the architecture.
+        ShortcutlabError: a device that is not here (named with the ones that are).
     """
-    from shortcutlab.models.adapter import create_model, wrap
+    from shortcutlab.models.adapter import create_model
 
     run_dir = os.fspath(run_dir)
     record = read_record(run_dir)
@@ -133,8 +285,7 @@ def load_run(run_dir: str | os.PathLike, device: str | None = None) -> Run:
         raise RunError(f"run folder {run_dir!r} has no model weights ({os.path.basename(weights)} is missing)")
     arch = record["config"].get("arch")
     model = create_model(arch, num_classes=len(record["classes"]), pretrained=weights)
-    adapter = wrap(model, device=device or "cpu").eval()
-    return Run(path=os.path.abspath(run_dir), record=record, adapter=adapter, run_id=_run_id(run_dir))
+    return Run(path=os.path.abspath(run_dir), record=record, adapter=_placed(model, device), run_id=_run_id(run_dir))
 
 
 def load_run_data(run: Run, manifest: str | None = None, split: str | None = None, cell: str | None = None):
@@ -151,9 +302,8 @@ def load_run_data(run: Run, manifest: str | None = None, split: str | None = Non
             differs from the one the run was trained on.
     """
     from shortcutlab.data.audit import side_codes
-    from shortcutlab.data.images import load_crops
+    from shortcutlab.data.images import load_crops, load_manifest_table
     from shortcutlab.data.manifest import SplitManifest
-    from shortcutlab.models.recipe import load_manifest_table
 
     data = run.record.get("data") or {}
     manifest = manifest or data.get("manifest")

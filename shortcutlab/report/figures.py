@@ -326,12 +326,8 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
             continue
         try:
             r = run if ref is leak else load_run(ref.run_dir, device=device)
-            xin = x
-            cfg = r.record.get("config", {})
-            if cfg.get("mask_background") and m is not None:
-                from shortcutlab.models.recipe import mask_background
-
-                xin = mask_background(x, m, float(cfg.get("background_fill", 0.5)))
+            pre = r.preprocess  # the crops as the model scored them (its masked background)
+            xin = pre(x, m) if pre is not None and m is not None else x
             maps = gradcam(r.adapter, xin.to(r.adapter.dtype)).detach().float().cpu()
             cams.append((f"Grad-CAM, {label} model", maps))
             if m is not None:

@@ -310,7 +310,7 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None, limits: Ma
     raw = ck.keys("", raw, TOP_KEYS, REQUIRED)
     device = ck.typed("device", raw.get("device", "cpu"), (str,), "a device name such as 'cpu' or 'cuda'")
     try:
-        from shortcutlab.models.recipe import resolve_device
+        from shortcutlab.models.devices import resolve_device
 
         resolve_device(device)
     except ShortcutlabError as e:

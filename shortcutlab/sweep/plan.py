@@ -129,11 +129,16 @@ def _wrapped_tasks(g: TaskGraph, wrap: dict, condition: str, seed: int, protocol
 
 
 def _model_tasks(cfg, g: TaskGraph, key: dict, inputs: dict, deps: list, seed: int, ivs: list, res: dict) -> dict:
-    score = g.add("score", {"interventions": ivs, "seed": seed, "batch_size": SCORE_BATCH, "inputs": inputs}, deps, resources=res)
+    # The model is scored on the sweep's device. Off the CPU the device joins the parameters
+    # (and so the id): CPU sweeps keep their task ids, and a GPU sweep's models, scored on
+    # the CPU before the device reached these tasks, are scored again on the GPU.
+    on = {} if cfg.device == "cpu" else {"device": cfg.device}
+    score = g.add("score", {"interventions": ivs, "seed": seed, "batch_size": SCORE_BATCH, "inputs": inputs, **on}, deps,
+                  resources=res)
     diag = ""
     if cfg.diagnostics:
         diag = g.add("diagnose", {"only": list(cfg.diagnostics), "params": cfg.diagnostic_params, "seed": seed,
-                                  "batch_size": SCORE_BATCH, "inputs": inputs}, deps, resources=res)
+                                  "batch_size": SCORE_BATCH, "inputs": inputs, **on}, deps, resources=res)
     return {**key, "score": score, "diagnose": diag}
 
 

@@ -145,7 +145,8 @@ def _run_train(task: Task, root: str, tmp: str, final: str) -> dict:
 
 
 def _context(task: Task, root: str):
-    """The DiagnosticContext of the model a score or diagnose task reads."""
+    """The DiagnosticContext of the model a score or diagnose task reads, the model loaded on
+    the task's device (``params["device"]``, the sweep's; CPU when absent)."""
     import numpy as np
 
     import probes
@@ -158,64 +159,44 @@ def _context(task: Task, root: str):
 
     p = task.params
     inputs = p["inputs"]
+    device = p.get("device", "cpu")
     if "checkpoint" in inputs:
-        run = load_run(inputs["checkpoint"])
+        run = load_run(inputs["checkpoint"], device=device)
         crops, split, side = load_run_data(run)
         model_id = checkpoint_key(inputs["checkpoint"])["model"]
     elif "wrap" in inputs:
         res, split_path = _split_files(root, inputs["split"])
         table = _table(root, res)
-        run = _wrapped_run(inputs["wrap"], list(table.classes))
+        run = _wrapped_run(inputs["wrap"], list(table.classes), device)
         crops = load_crops(table)
         split = SplitManifest.read(split_path)
         side = np.asarray(side_codes(table, split.cell(inputs.get("side_cell"))))
         model_id = wrapped_model_id(inputs["wrap"], inputs["split"])
     else:
-        run = load_run(SweepLayout(root).task_dir("train", inputs["train"]))
+        run = load_run(SweepLayout(root).task_dir("train", inputs["train"]), device=device)
         res, split_path = _split_files(root, inputs["split"])
         table = _table(root, res)
         crops = load_crops(table)
         split = SplitManifest.read(split_path)
         side = np.asarray(side_codes(table, split.cell(run.record.get("cell"))))
         model_id = inputs["train"]
-    cfg = run.record.get("config", {})
-    preprocess = None
-    if cfg.get("mask_background"):
-        from shortcutlab.models.recipe import mask_background
-
-        fill = float(cfg.get("background_fill", 0.5))
-        preprocess = lambda x, m: mask_background(x, m, fill)  # noqa: E731 (scored as trained)
-        preprocess.key = f"mask_background={fill}"
     names = [n for _, n, _ in p.get("interventions", [])]
     targets = probes.intervention_targets(crops, split, names=names, seed=p["seed"]) if names else {}
     ctx = DiagnosticContext(run.adapter, crops, side, run_id=model_id, split_sha256=split.hash, batch_size=p["batch_size"],
-                            seed=p["seed"], targets=targets, preprocess=preprocess)
+                            seed=p["seed"], targets=targets, preprocess=run.preprocess)
     return ctx, run, split
 
 
-def _wrapped_run(wrap: dict, classes: list[str]):
-    """A `Run` of a model trained elsewhere, its logits in the data's class order (classes by
-    name): the classifier's rows are reordered when the model's logit order differs."""
-    import torch
-
-    from shortcutlab.models.adapter import create_model, wrap as wrap_model
+def _wrapped_run(wrap: dict, classes: list[str], device: str = "cpu"):
+    """A `Run` of a model trained elsewhere, on `device`, its logits in the data's class order
+    (classes by name): the classifier's rows are reordered when the model's logit order differs."""
     from shortcutlab.errors import ShortcutlabError
     from shortcutlab.models.runs import Run
 
     if file_sha256(wrap["weights"]) != wrap["weights_sha256"]:
         raise ShortcutlabError(f"weights file {wrap['weights']!r} changed since the sweep was planned; start the sweep again")
-    if sorted(wrap["classes"]) != sorted(classes):
-        raise ShortcutlabError(f"the model's classes {wrap['classes']} differ from the data's {classes}")
-    model = create_model(wrap["arch"], num_classes=len(classes), pretrained=wrap["weights"])
-    perm = [wrap["classes"].index(c) for c in classes]
-    if perm != list(range(len(classes))):
-        head = model.get_classifier()
-        with torch.no_grad():
-            head.weight.copy_(head.weight[perm])
-            if head.bias is not None:
-                head.bias.copy_(head.bias[perm])
-    record = {"config": {"arch": wrap["arch"]}, "classes": list(classes), "files": {}}
-    return Run(path=os.path.dirname(wrap["weights"]), record=record, adapter=wrap_model(model).eval(), run_id=wrap["arch"])
+    return Run.from_weights(wrap["arch"], wrap["weights"], wrap["classes"], order=classes, path=os.path.dirname(wrap["weights"]),
+                            device=device)
 
 
 def _run_score(task: Task, root: str, tmp: str, final: str) -> dict:
