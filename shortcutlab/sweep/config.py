@@ -31,7 +31,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from shortcutlab.errors import ShortcutlabError
@@ -654,24 +654,13 @@ def _cells(ck: _Checker, value: Any, protocols, split_params) -> tuple[str, ...]
     return tuple(dict.fromkeys(values))
 
 
-_TRAIN_TYPES = {
-    "arch": ((str,), "a timm model name"),
-    "epochs": ((int,), "a positive integer"),
-    "batch_size": ((int,), "a positive integer"),
-    "lr": ((int, float), "a positive number"),
-    "weight_decay": ((int, float), "a number"),
-    "weights": ((str, type(None)), "a weight file path or null"),
-    "rrc_scale": ((list,), "a list [low, high]"),
-    "rrc_ratio": ((list,), "a list [low, high]"),
-    "hflip": ((bool,), "true or false"),
-    "vflip": ((bool,), "true or false"),
-    "mask_background": ((bool,), "true or false"),
-    "background_fill": ((int, float), "a number in [0, 1]"),
-    "augment": ((str, type(None)), "an intervention name or null"),
-    "augment_params": ((dict,), "a mapping of the augmentation's parameters"),
-    "adversary_weight": ((int, float), "a number >= 0"),
-    "precise_bn": ((bool,), "true or false"),
-}
+def train_types() -> dict[str, tuple[tuple[type, ...], str]]:
+    """The settings a model entry of the config trains with: name -> (accepted YAML types, what
+    a valid value is in words), as `TrainConfig` declares them (`train_settings`); the settings
+    that top-level keys set for every model (seed, device) are left out."""
+    from shortcutlab.models.train_config import train_settings
+
+    return {s.name: (s.kinds, s.expected) for s in train_settings() if s.sweep_key is None}
 
 
 def _archs() -> list[str]:
@@ -745,12 +734,14 @@ def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) 
 
 
 def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[ModelSpec, ...]:
-    from shortcutlab.models.recipe import TrainConfig
+    from shortcutlab.models.train_config import TrainConfig, train_settings
 
     entries = value if isinstance(value, list) else [value]
     if not entries:
         raise ck.error("models", "expected a non-empty list of models (arch: ..., checkpoint: ... or weights/arch/classes)")
-    train_keys = tuple(f.name for f in fields(TrainConfig) if f.name not in ("seed", "device"))
+    types = train_types()
+    train_keys = tuple(types)
+    top_level = {s.name: s.sweep_key for s in train_settings() if s.sweep_key is not None}  # seed -> seeds, device -> device
     out: list[ModelSpec] = []
     for i, entry in enumerate(entries):
         p = f"models[{i}]"
@@ -770,14 +761,14 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
                     raise ck.error(f"{p}.checkpoint", f"{cp!r} is not a run folder of `shortcutlab train`: it has no {f} (looked in {full})")
             out.append(ModelSpec(checkpoint=full))
             continue
-        if isinstance(entry, Mapping) and ("seed" in entry or "device" in entry):
-            k = "seed" if "seed" in entry else "device"
-            raise ck.error(f"{p}.{k}", f"a model takes no {k!r}: the top-level {'seeds' if k == 'seed' else 'device'} sets it")
+        if isinstance(entry, Mapping) and any(k in entry for k in top_level):
+            k = next(k for k in top_level if k in entry)
+            raise ck.error(f"{p}.{k}", f"a model takes no {k!r}: the top-level {top_level[k]} sets it")
         e = ck.keys(p, entry, train_keys + ("checkpoint",))
         for k, v in e.items():
             if isinstance(v, list) and not v:
                 raise ck.error(f"{p}.{k}", "an empty list gives no grid point")
-            kinds, expected = _TRAIN_TYPES[k]
+            kinds, expected = types[k]
             vals = _grid_values(k, v)
             for j, x in enumerate(vals):
                 pj = f"{p}.{k}" + (f"[{j}]" if len(vals) > 1 else "")
@@ -805,7 +796,7 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
             except ShortcutlabError as err:
                 bad = _culprit(str(err), list(point))
                 raise ck.error(f"{p}{'.' + bad if bad else ''}", str(err)) from None
-            d = {k: v for k, v in _train_dict(cfg).items() if k not in ("seed", "device")}
+            d = {k: v for k, v in _train_dict(cfg).items() if k not in top_level}
             if cfg.augment:
                 import interventions
 
