@@ -184,3 +184,16 @@ def test_every_field_is_reachable_from_a_sweep_config(tmp_path):
     for name, (value, _, yaml_value) in HAND.items():
         want = str(tmp_path / "w.pt") if name == "weights" else yaml_value if yaml_value is not None else value
         assert used[name] == want, name
+
+
+def test_the_json_form_has_pairs_as_lists_and_reads_back():
+    import json
+
+    config = TrainConfig(**{n: v for n, (v, _, _) in HAND.items()})
+    as_json = json.loads(json.dumps(config.to_dict()))
+    assert as_json["rrc_scale"] == [0.25, 0.75] and as_json["rrc_ratio"] == [0.5, 2.0]
+    assert as_json["augment_params"] == {"sigma_alpha": 0.1, "sigma_beta": 0.02} and as_json["hflip"] is False
+    back = TrainConfig.from_dict(as_json)
+    assert back == config and back.rrc_scale == (0.25, 0.75)
+    with pytest.raises(TypeError):
+        TrainConfig.from_dict({"nope": 1})

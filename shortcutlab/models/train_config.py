@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from shortcutlab.errors import ShortcutlabError
 
@@ -168,6 +168,27 @@ class TrainConfig:
             raise ShortcutlabError(f"augment_params {self.augment_params} were given without augment=NAME")
         if not self.adversary_weight >= 0:
             raise ShortcutlabError(f"adversary_weight must be >= 0, got {self.adversary_weight}")
+
+    def to_dict(self) -> dict:
+        """The JSON form: field -> value, the (low, high) pairs as lists (as in a sweep task)."""
+        pairs = pair_names()
+        return {k: list(v) if k in pairs else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        """The config of its JSON form (`to_dict`, run.json's ``config``): pairs may be lists.
+
+        Raises:
+            ShortcutlabError: a value out of range. TypeError: a key that is not a field.
+        """
+        pairs = pair_names()
+        return cls(**{k: tuple(v) if k in pairs and isinstance(v, list) else v for k, v in values.items()})
+
+
+def pair_names() -> frozenset[str]:
+    """The settings whose value is a (low, high) pair: a list in YAML and JSON, LOW,HIGH on the
+    command line."""
+    return frozenset(s.name for s in train_settings() if s.cli == "pair")
 
 
 def train_settings() -> tuple[Setting, ...]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from shortcutlab.errors import ShortcutlabError
+from shortcutlab.models.train_config import TrainConfig, pair_names, train_settings
 from shortcutlab.paths import wrong_kind
 
 
@@ -48,7 +49,7 @@ SYNTH_KEYS = ("mechanisms", "strength", "strengths", "fields_per_class", "mean_c
               "n_classes", "class_signal", "mixed_fields", "mix_dominance", "baseline_noise", "illumination_shading")
 MANIFEST_KEYS = ("path", "id", "label", "parent", "image", "mask", "name")
 #: settings whose single value is itself a list: a list of lists expands
-LIST_VALUED = frozenset({"levels", "rrc_scale", "rrc_ratio"})
+LIST_VALUED = frozenset({"levels"}) | pair_names()
 #: Caps checked before the work they guard, so a runaway config is refused in one line at once
 #: rather than planning or parsing for minutes. `bytes`, `scalar` and `depth` guard the YAML
 #: parsing itself (the file's size, its longest scalar in characters, its nesting depth) and
@@ -658,8 +659,6 @@ def train_types() -> dict[str, tuple[tuple[type, ...], str]]:
     """The settings a model entry of the config trains with: name -> (accepted YAML types, what
     a valid value is in words), as `TrainConfig` declares them (`train_settings`); the settings
     that top-level keys set for every model (seed, device) are left out."""
-    from shortcutlab.models.train_config import train_settings
-
     return {s.name: (s.kinds, s.expected) for s in train_settings() if s.sweep_key is None}
 
 
@@ -734,8 +733,6 @@ def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) 
 
 
 def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[ModelSpec, ...]:
-    from shortcutlab.models.train_config import TrainConfig, train_settings
-
     entries = value if isinstance(value, list) else [value]
     if not entries:
         raise ck.error("models", "expected a non-empty list of models (arch: ..., checkpoint: ... or weights/arch/classes)")
@@ -777,7 +774,7 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
                     raise ck.error(pj, f"unknown architecture {x!r}{_close(x, _archs())} (any timm model name: timm.list_models())")
                 if k == "augment" and x is not None:
                     _intervention_class(ck, pj, x)
-                if k in ("rrc_scale", "rrc_ratio") and (len(x) != 2 or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in x)):
+                if k in pair_names() and (len(x) != 2 or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in x)):
                     raise ck.error(pj, f"expected a list of two numbers [low, high]; got {x!r}")
                 if k == "weights" and x is not None:
                     full = x if os.path.isabs(x) else os.path.normpath(os.path.join(base_dir, x))
@@ -788,29 +785,17 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
                 w = point["weights"]
                 point["weights"] = w if os.path.isabs(w) else os.path.normpath(os.path.join(base_dir, w))
             try:
-                kw = dict(point)
-                for k in ("rrc_scale", "rrc_ratio"):
-                    if k in kw:
-                        kw[k] = tuple(kw[k])
-                cfg = TrainConfig(**kw)
+                cfg = TrainConfig.from_dict(point)
             except ShortcutlabError as err:
                 bad = _culprit(str(err), list(point))
                 raise ck.error(f"{p}{'.' + bad if bad else ''}", str(err)) from None
-            d = {k: v for k, v in _train_dict(cfg).items() if k not in top_level}
+            d = {k: v for k, v in cfg.to_dict().items() if k not in top_level}
             if cfg.augment:
                 import interventions
 
                 _built(ck, f"{p}.augment_params", lambda **kw: interventions.get(cfg.augment, **kw), cfg.augment_params)
             out.append(ModelSpec(train=d))
     return tuple(out)
-
-
-def _train_dict(cfg) -> dict:
-    from dataclasses import asdict
-
-    d = asdict(cfg)
-    d["rrc_scale"], d["rrc_ratio"] = list(d["rrc_scale"]), list(d["rrc_ratio"])
-    return d
 
 
 def _intervention_class(ck: _Checker, path: str, name: Any):
