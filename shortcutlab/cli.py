@@ -334,24 +334,69 @@ def _key_values(items: list[str], flag: str) -> dict:
     return out
 
 
+def _add_train_settings(p: argparse.ArgumentParser, retrain: bool = False) -> None:
+    """Add a flag per training setting, as `TrainConfig` declares it (`train_settings`): every
+    setting for `train`, those declared ``retrain`` for `litmus` and `control`. Each flag stores
+    under the field's name; `_train_config` turns the parsed flags into the config."""
+    from shortcutlab.models.train_config import train_settings
+
+    for s in train_settings():
+        if retrain and not s.retrain:
+            continue
+        kw = {"dest": s.name, "help": (s.retrain_help if retrain and s.retrain_help else s.help)}
+        if s.metavar:
+            kw["metavar"] = s.metavar
+        if s.cli == "switch":
+            kw["action"] = "store_false" if s.default else "store_true"
+        elif s.cli == "key_values":
+            kw.update(action="append", default=[])
+        elif s.cli == "pair":
+            kw["default"] = None  # the config's default
+        else:
+            kw["default"] = s.default
+            kind = float if float in s.kinds else int if int in s.kinds else None
+            if kind is not None:
+                kw["type"] = kind
+        p.add_argument(s.option, **kw)
+
+
+def _pair(text: str, flag: str) -> tuple[float, float]:
+    """Parse a LOW,HIGH option ('0.5,1')."""
+    values = _numbers(text, flag, float, " LOW,HIGH (e.g. 0.5,1)")
+    if len(values) != 2:
+        raise ShortcutlabError(f"{flag} takes two comma-separated numbers LOW,HIGH (e.g. 0.5,1); got {text!r}")
+    return values[0], values[1]
+
+
+def _train_config(args, retrain: bool = False):
+    """The `TrainConfig` of the flags `_add_train_settings(p, retrain)` added, as parsed.
+
+    Raises:
+        ShortcutlabError: a malformed --augment-param or LOW,HIGH value, or a value the config
+            refuses (it names the setting).
+    """
+    from shortcutlab.models.train_config import TrainConfig, train_settings
+
+    kw = {}
+    for s in train_settings():
+        if retrain and not s.retrain:
+            continue
+        value = getattr(args, s.name)
+        if s.cli == "key_values":
+            value = _key_values(value, s.option)
+        elif s.cli == "pair":
+            if value is None:
+                continue
+            value = _pair(value, s.option)
+        kw[s.name] = value
+    return TrainConfig(**kw)
+
+
 def cmd_train(args) -> int:
     from shortcutlab.data.images import load_manifest_table
-    from shortcutlab.models.recipe import TrainConfig, train
+    from shortcutlab.models.recipe import train
 
-    cfg = TrainConfig(
-        arch=args.arch,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        weights=args.weights,
-        mask_background=args.mask_background,
-        augment=args.augment,
-        augment_params=_key_values(args.augment_param, "--augment-param"),
-        precise_bn=args.precise_bn,
-        adversary_weight=args.adversary_weight,
-        device=args.device,
-    )
+    cfg = _train_config(args)
     _check_output_folder(args.out, "--out")
     table = load_manifest_table(args.manifest, id=args.id, label=args.label, parent=args.parent, image=args.image, mask=args.mask)
     rec = train(table, args.split, args.out, cfg, cell=args.cell, progress=not args.quiet)
@@ -432,10 +477,8 @@ def cmd_siblings(args) -> int:
 
 
 def _retrain_config(args):
-    from shortcutlab.models.recipe import TrainConfig
-
-    return TrainConfig(arch=args.arch, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                       weights=args.weights, precise_bn=args.precise_bn, device=args.device)
+    """The `TrainConfig` of `litmus` / `control`: their training flags (see `_add_retrain_options`)."""
+    return _train_config(args, retrain=True)
 
 
 def _retrain_inputs(args):
@@ -766,13 +809,21 @@ def _isnan(v) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `shortcutlab` command line: one sub-command per `_add_*_command` below, in this order."""
     from shortcutlab.version import __version__
-    from shortcutlab.data.splits import available_protocols
 
     parser = argparse.ArgumentParser(prog="shortcutlab", description="Audit and split crop tables for acquisition-sibling leakage.")
     parser.add_argument("--version", action="version", version=f"shortcutlab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_audit_command, _add_split_command, _add_synth_command, _add_train_command, _add_demo_command,
+                _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_results_command, _add_report_command,
+                _add_litmus_command, _add_control_command, _add_verify_command):
+        add(sub)
+    return parser
 
+
+def _add_audit_command(sub) -> None:
+    """`shortcutlab audit`: the exposure closed forms of a table and the figures of a split."""
     a = sub.add_parser("audit", help="exposure closed forms of a table, and figures measured on a split")
     _add_table_options(a)
     a.add_argument("--split", metavar="MANIFEST", help="manifest CSV to measure")
@@ -785,6 +836,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-pixel-siblings", action="store_true",
                    help="skip the pixel-sibling share (measured on the --image files when a split is given)")
     a.set_defaults(func=cmd_audit)
+
+
+def _add_split_command(sub) -> None:
+    """`shortcutlab split`: a split manifest built by a protocol."""
+    from shortcutlab.data.splits import available_protocols
 
     s = sub.add_parser("split", help="build a split manifest with a protocol")
     _add_table_options(s)
@@ -805,6 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--levels", help="ladder: comma-separated crossing shares (default 0,0.25,0.5,0.75,1)")
     s.set_defaults(func=cmd_split)
 
+
+def _add_synth_command(sub) -> None:
+    """`shortcutlab synth`: the synthetic benchmark."""
     y = sub.add_parser("synth", help="write the synthetic cytology benchmark (crops from fields with planted acquisition signatures)")
     y.add_argument("--out", required=True, metavar="DIR", help="output folder (new, or one holding an earlier benchmark)")
     y.add_argument("--seed", type=int, help="random seed (default 0)")
@@ -827,28 +886,23 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--compress-level", type=int, default=0, metavar="L", help="zlib level of the crop PNGs, 0 (stored, fastest; default) to 9")
     y.set_defaults(func=cmd_synth)
 
+
+def _add_train_command(sub) -> None:
+    """`shortcutlab train`: one run of the recipe; the training flags come from `TrainConfig`."""
     t = sub.add_parser("train", help="train one model on a split with the paper's recipe")
     t.add_argument("--manifest", required=True, help="crop manifest CSV (as written by `shortcutlab synth`)")
     t.add_argument("--split", required=True, metavar="SPLIT.csv", help="split manifest from `shortcutlab split`")
     t.add_argument("--cell", help="cell of a multi-cell split (factorial, ladder)")
-    t.add_argument("--arch", default="test_resnet", help="timm model name (default test_resnet)")
-    t.add_argument("--epochs", type=int, default=10)
-    t.add_argument("--batch-size", type=int, default=64)
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--weights", metavar="FILE", help="local weight file to start from (never downloaded)")
-    t.add_argument("--mask-background", action="store_true", help="replace the background outside the cell mask (F3)")
-    t.add_argument("--augment", metavar="NAME", help="a registered intervention applied to training batches (e.g. hed_jitter for F4)")
-    t.add_argument("--augment-param", action="append", default=[], metavar="KEY=VALUE", help="a parameter of --augment (repeatable; VALUE read as JSON when it parses)")
-    t.add_argument("--precise-bn", action="store_true", help="recompute BatchNorm statistics on the training crops before scoring")
-    t.add_argument("--adversary-weight", type=float, default=0.0, help="lambda_max of a gradient-reversal parent adversary (DANN schedule)")
-    t.add_argument("--device", default="cpu")
+    _add_train_settings(t)
     t.add_argument("--out", required=True, metavar="RUN_DIR")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent"), ("--image", "path"), ("--mask", "mask")):
         t.add_argument(flag, default=default, help=f"manifest column (default {default})")
     t.set_defaults(func=cmd_train)
 
+
+def _add_demo_command(sub) -> None:
+    """`shortcutlab demo`: the leak/clean factorial on the synthetic benchmark."""
     d = sub.add_parser("demo", help="the leak/clean factorial on the synthetic benchmark, planted mechanism vs none")
     d.add_argument("--out", default="shortcutlab-demo", help="output folder (default shortcutlab-demo)")
     d.add_argument("--seeds", help="comma-separated seeds (default 0)")
@@ -859,6 +913,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_demo)
 
+
+def _add_diagnose_command(sub) -> None:
+    """`shortcutlab diagnose`: the registered diagnostics on a trained run."""
     d = sub.add_parser("diagnose", help="run the probes, saliency and intervention diagnostics on a trained run")
     d.add_argument("run", nargs="?", help="run folder written by `shortcutlab train` (or, with --arch, where to write)")
     d.add_argument("--list", action="store_true", help="list the registered diagnostics and their settings (defaults), then exit")
@@ -880,6 +937,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_diagnose)
 
+
+def _add_siblings_command(sub) -> None:
+    """`shortcutlab siblings`: pixel siblings between training and test images."""
     b = sub.add_parser("siblings", help="share of test images that are flipped/rotated/re-exposed copies of training images (no parent labels)")
     b.add_argument("train", help="training images: a folder, a crop manifest CSV, or a split manifest CSV (then TEST is its crop manifest)")
     b.add_argument("test", nargs="?", help="test images: a folder or a crop manifest CSV (or the crop manifest of a split manifest)")
@@ -895,6 +955,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cell", help="cell of a multi-cell split manifest")
     b.add_argument("--pairs", type=int, default=24, help="pairs on the contact sheet (default 24)")
     b.set_defaults(func=cmd_siblings)
+
+
+def _add_sweep_command(sub) -> None:
+    """`shortcutlab sweep`: a grid from a YAML config."""
     w = sub.add_parser("sweep", help="run a grid of benchmarks, splits, models, interventions and diagnostics from a YAML config")
     w.add_argument("config", metavar="CONFIG.yaml")
     w.add_argument("--out", required=True, metavar="DIR", help="sweep folder (a sweep started again there resumes)")
@@ -908,11 +972,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="raise or lower a cap: tasks (default 100000), seeds (10000), bytes (2000000), scalar (100000), depth (50)")
     w.set_defaults(func=cmd_sweep)
 
+
+def _add_results_command(sub) -> None:
+    """`shortcutlab results`: the estimates table of a sweep folder."""
     r = sub.add_parser("results", help="print the estimates table of a sweep folder")
     r.add_argument("dir", metavar="DIR")
     r.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples (default 10000)")
     r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap draws (default 0)")
     r.set_defaults(func=cmd_results)
+
+
+def _add_report_command(sub) -> None:
+    """`shortcutlab report`: the HTML and Markdown report of a sweep folder."""
     r = sub.add_parser("report", help="one self-contained HTML report (and a Markdown twin) over a sweep folder")
     r.add_argument("dir", help="sweep folder written by `shortcutlab sweep`")
     r.add_argument("--out", help="report folder (default DIR/report; replaced whole)")
@@ -922,32 +993,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default="cpu", help="where the example crops' models run")
     r.set_defaults(func=cmd_report)
 
-    def retrain_options(p, outputs, mask_help="manifest column (default mask)"):
-        p.add_argument("manifest", help="crop manifest CSV (id, path, mask, label, parent; as written by `shortcutlab synth`)")
-        p.add_argument("split", help="split manifest CSV from `shortcutlab split`")
-        p.add_argument("--out", required=True, metavar="DIR", help=f"folder for {outputs}")
-        p.add_argument("--cell", help="cell of a multi-cell split (factorial, ladder)")
-        p.add_argument("--arch", default="test_resnet", help="timm model name (default test_resnet)")
-        p.add_argument("--epochs", type=int, default=10)
-        p.add_argument("--batch-size", type=int, default=64)
-        p.add_argument("--lr", type=float, default=1e-4)
-        p.add_argument("--seed", type=int, default=0, help="training seed")
-        p.add_argument("--weights", metavar="FILE", help="local weight file to start from (never downloaded)")
-        p.add_argument("--precise-bn", action="store_true", help="recompute BatchNorm statistics on the training crops before scoring")
-        p.add_argument("--device", default="cpu")
-        p.add_argument("--quiet", action="store_true", help="no progress bars")
-        for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent"), ("--image", "path")):
-            p.add_argument(flag, default=default, help=f"manifest column (default {default})")
-        p.add_argument("--mask", default="mask", help=mask_help)
 
+def _add_litmus_command(sub) -> None:
+    """`shortcutlab litmus`: reference 004's corner-patch test."""
     lt = sub.add_parser("litmus", help="reference 004's corner-patch test: train on one fixed patch per position, accuracy against chance")
-    retrain_options(lt, "litmus.csv and litmus.json")
+    _add_retrain_options(lt, "litmus.csv and litmus.json")
     lt.add_argument("--positions", default="top_left,top_right,bottom_left,bottom_right,centre", help="comma-separated patch positions (default all five)")
     lt.add_argument("--size", type=int, default=20, metavar="PX", help="patch side in pixels (default 20, as reference 004)")
     lt.set_defaults(func=cmd_litmus)
 
+
+def _add_control_command(sub) -> None:
+    """`shortcutlab control`: reference 003's deleted-signal control."""
     c = sub.add_parser("control", help="reference 003's deleted-signal control: retrain without the cell (or with labels permuted within parent) under the split and a parent split")
-    retrain_options(c, "control.csv and control.json",
+    _add_retrain_options(c, "control.csv and control.json",
                     mask_help="mask column of the cells to delete; it should cover every cell in the crop (default: all_cells_mask "
                               "where the manifest has it, as `shortcutlab synth` writes, else mask)")
     c.set_defaults(mask=None)
@@ -958,11 +1017,27 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--control-seed", type=int, help="seed of the permutations, the noise and the parent split (default: the split's seed)")
     c.set_defaults(func=cmd_control)
 
+
+def _add_verify_command(sub) -> None:
+    """`shortcutlab verify`: a manifest against its registered hash."""
     v = sub.add_parser("verify", help="check a manifest against a registered hash")
     v.add_argument("manifest")
     v.add_argument("--hash", help="expected SHA-256 (default: the one in the manifest's JSON sidecar)")
     v.set_defaults(func=cmd_verify)
-    return parser
+
+
+def _add_retrain_options(p: argparse.ArgumentParser, outputs: str, mask_help: str = "manifest column (default mask)") -> None:
+    """The inputs, output folder and training flags (those `TrainConfig` declares for retraining)
+    shared by `litmus` and `control`."""
+    p.add_argument("manifest", help="crop manifest CSV (id, path, mask, label, parent; as written by `shortcutlab synth`)")
+    p.add_argument("split", help="split manifest CSV from `shortcutlab split`")
+    p.add_argument("--out", required=True, metavar="DIR", help=f"folder for {outputs}")
+    p.add_argument("--cell", help="cell of a multi-cell split (factorial, ladder)")
+    _add_train_settings(p, retrain=True)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent"), ("--image", "path")):
+        p.add_argument(flag, default=default, help=f"manifest column (default {default})")
+    p.add_argument("--mask", default="mask", help=mask_help)
 
 
 def main(argv: list[str] | None = None) -> int:

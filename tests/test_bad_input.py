@@ -2500,3 +2500,39 @@ def test_weights_from_elsewhere_with_other_classes_than_the_data_name_both(tmp_p
     weights = _weights20(tmp_path / "ext.safetensors")
     with pytest.raises(RunError, match=r"^the model's classes \['a', 'b'\] differ from the data's \['a', 'c'\]$"):
         Run.from_weights("test_resnet", weights, ["a", "b"], order=["a", "c"])
+# --- issue 21: training settings declared once (TrainConfig) ---------------------------------
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--rrc-scale", "0.5"], ("--rrc-scale takes two comma-separated numbers LOW,HIGH", "'0.5'")),
+    (["--rrc-ratio", "x,1"], ("--rrc-ratio takes comma-separated numbers", "'x' is not one")),
+    (["--rrc-scale", "0.8,0.4"], ("rrc_scale must satisfy 0 < low <= high <= 1", "(0.8, 0.4)")),
+    (["--rrc-ratio", "0,1"], ("rrc_ratio must satisfy 0 < low <= high", "(0.0, 1.0)")),
+    (["--rrc-ratio", "1,inf"], ("rrc_ratio must satisfy", "inf")),
+    (["--weight-decay", "-0.1"], ("weight_decay must be >= 0", "-0.1")),
+    (["--adversary-weight", "nan"], ("adversary_weight must be >= 0", "nan")),
+    (["--background-fill", "2"], ("background_fill must lie in [0, 1]", "2.0")),
+], ids=["scale-one-number", "ratio-not-a-number", "scale-reversed", "ratio-zero", "ratio-infinite", "weight-decay-negative",
+        "adversary-nan", "fill-above-one"])
+def test_bad_training_flags_are_one_line_naming_the_value(tmp_path, capsys, flags, expected):
+    line = cli_error(["train", "--manifest", str(tmp_path / "m.csv"), "--split", str(tmp_path / "s.csv"),
+                      "--out", str(tmp_path / "run"), *flags], capsys)
+    assert line.startswith("shortcutlab train: error: ")
+    for text in expected:
+        assert text in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("rrc_ratio", [0, 1], "rrc_ratio must satisfy 0 < low <= high"),
+    ("weight_decay", -1, "weight_decay must be >= 0"),
+])
+def test_bad_training_settings_in_a_sweep_config_name_their_key(key, value, expected):
+    from shortcutlab.sweep.config import SweepConfigError, validate
+
+    raw = {"data": {"synthetic": {"mechanisms": ["color"], "fields_per_class": 8, "crop_size": 16, "field_size": 64}},
+           "split": {"protocol": "parent"}, "seeds": [0], "models": [{"arch": "test_resnet", key: value}]}
+    with pytest.raises(SweepConfigError) as e:
+        validate(raw)
+    msg = str(e.value)
+    assert f"models[0].{key}" in msg and expected in msg and "\n" not in msg, msg

@@ -59,74 +59,9 @@ from shortcutlab.models.runs import mask_background
 from shortcutlab.io import OutputError, atomic_files, claim_output_dir, read_json_object, to_json, write_marker, write_text
 from shortcutlab.data.manifest import SplitManifest
 from shortcutlab.data.table import CropTable
+from shortcutlab.models.train_config import TrainConfig  # declared without torch, so the CLI builds its options light
 
 Augmentation = Callable[..., torch.Tensor]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Settings of one training run (all recorded in run.json).
-
-    Attributes:
-        arch: timm model name (random init unless `weights` is a local file).
-        epochs: fixed number of epochs; the final epoch is scored.
-        batch_size, lr, weight_decay: AdamW settings.
-        seed: seeds initialisation, shuffling and augmentation.
-        weights: local weight file to start from (never downloaded).
-        rrc_scale, rrc_ratio: random resized crop area and aspect ranges.
-        hflip, vflip: random flips (cells have no canonical orientation).
-        mask_background: replace the background outside the cell mask, in training and scoring.
-        augment: name of a registered intervention (`interventions.available()`) applied to
-            every training batch as augmentation; None for none. Label-conditioned
-            interventions cannot be used (they need test-time targets).
-        augment_params: constructor arguments of `augment`.
-        background_fill: the grey level (0-1) used by `mask_background`.
-        adversary_weight: lambda_max of the gradient-reversal parent adversary (0: off).
-        precise_bn: after the last epoch, set every BatchNorm layer's running mean and
-            unbiased variance to the exact moments of its input over all un-augmented training
-            crops, in shuffled training-size batches with the model in train mode (PreciseBN;
-            Wu & Johnson 2021; see `precise_batchnorm`), instead of scoring with the
-            exponential moving average collected while the weights were still moving. Off in
-            the paper's recipe; the demo turns it on because small models trained from scratch
-            at a high learning rate can end with running statistics far from the final
-            weights' activations.
-        device: torch device for training ("cpu", "cuda", "cuda:1", "mps"); checked before
-            any work (`resolve_device`), and on CUDA ``CUBLAS_WORKSPACE_CONFIG`` is set for
-            deterministic algorithms.
-    """
-
-    arch: str = "test_resnet"
-    epochs: int = 10
-    batch_size: int = 64
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    seed: int = 0
-    weights: str | None = None
-    rrc_scale: tuple[float, float] = (0.5, 1.0)
-    rrc_ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    hflip: bool = True
-    vflip: bool = True
-    mask_background: bool = False
-    background_fill: float = 0.5
-    augment: str | None = None
-    augment_params: dict = field(default_factory=dict)
-    adversary_weight: float = 0.0
-    precise_bn: bool = False
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ShortcutlabError(f"epochs and batch_size must be >= 1, got {self.epochs} and {self.batch_size}")
-        if not self.lr > 0:
-            raise ShortcutlabError(f"lr must be positive, got {self.lr}")
-        if not (0 < self.rrc_scale[0] <= self.rrc_scale[1] <= 1):
-            raise ShortcutlabError(f"rrc_scale must satisfy 0 < low <= high <= 1, got {self.rrc_scale}")
-        if not 0 <= self.background_fill <= 1:
-            raise ShortcutlabError(f"background_fill must lie in [0, 1], got {self.background_fill}")
-        if self.augment_params and not self.augment:
-            raise ShortcutlabError(f"augment_params {self.augment_params} were given without augment=NAME")
-        if self.adversary_weight < 0:
-            raise ShortcutlabError(f"adversary_weight must be >= 0, got {self.adversary_weight}")
 
 
 @dataclass(frozen=True)
@@ -465,6 +400,11 @@ def train(
 ) -> RunRecord:
     """Train one model on the training side of a split and score every crop of the split.
 
+    The steps: check the device and the run folder, load the crops and the split
+    (`_load_inputs`), fit the model (`_fit`, with `_ParentAdversary` when
+    ``adversary_weight > 0``), recalibrate BatchNorm if asked, score every crop of the split
+    (`_score`) and write the run folder (`_write_run`).
+
     Args:
         manifest: crop manifest CSV (id, path, mask, label, parent), a `CropTable` with an image
             column, or crops already loaded with `load_crops`.
@@ -481,16 +421,66 @@ def train(
     Returns:
         The run record (also written to run.json).
     """
-    from safetensors.torch import save_file
-    from tqdm.auto import tqdm
-
-    from shortcutlab.data.audit import side_codes
     from shortcutlab.models.adapter import create_model, wrap
 
     t0 = time.perf_counter()
     # Before anything can start CUDA (CUBLAS_WORKSPACE_CONFIG) and before any work is done.
     device = resolve_device(config.device)
     _check_out_dir(out_dir)
+    crops, split, side, train_idx, data_files = _load_inputs(manifest, split, cell, config)
+    table = crops.table
+    classes = list(table.classes)
+    augmentation = _resolve_augmentation(config, augmentation, crops.masks is not None)
+    empty_masks = _count_empty_masks(crops, side, config, augmentation)
+    t_load = time.perf_counter() - t0
+
+    with torch.random.fork_rng(devices=[]), _deterministic():
+        # The global generator, seeded here, initialises the model and then the adversary.
+        torch.manual_seed(config.seed)
+        model = create_model(config.arch, num_classes=len(classes), pretrained=config.weights)
+        model.to(device)
+        adapter = wrap(model, device=device)
+        adversary = _ParentAdversary(table.parent_codes, train_idx, adapter.num_features, device) if config.adversary_weight > 0 else None
+        t1 = time.perf_counter()
+        epoch_loss = _fit(adapter, adversary, crops, train_idx, config, augmentation, device, progress)
+        if config.precise_bn:
+            recalibrate_batchnorm(adapter, crops, train_idx, config, device)
+        t2 = time.perf_counter()
+        t_train = t2 - t1
+        scored, logits_all = _score(adapter, crops, side, config, device)
+        t_eval = time.perf_counter() - t2
+
+    frame, accuracy, n_crops = _logits_table(table, classes, side, scored, logits_all)
+    record = RunRecord(
+        config=asdict(config),
+        split_sha256=split.hash,
+        cell=cell,
+        classes=classes,
+        n_crops=n_crops,
+        accuracy=accuracy,
+        epoch_loss=[round(v, 6) for v in epoch_loss],
+        durations_s={"load": round(t_load, 3), "train": round(t_train, 3), "score": round(t_eval, 3), "train_crops_per_s": round(config.epochs * len(train_idx) / max(t_train, 1e-9), 1)},
+        versions=_versions(),
+        out_dir=os.path.abspath(out_dir),
+        files={"weights": "model.safetensors", "logits": "logits.csv", "record": "run.json"},
+        empty_masks=empty_masks,
+        adversary=adversary.log if adversary is not None else None,
+        data=data_files,
+    )
+    _write_run(out_dir, frame, model, record)
+    return record
+
+
+def _load_inputs(manifest, split, cell: str | None, config: TrainConfig):
+    """Step 1 of `train`: the crops, the split manifest, every crop's side code (0 train,
+    1 val, 2 test, -1 unused), the training rows, and the data files to record in run.json.
+
+    Raises:
+        ShortcutlabError: a split (cell) without training crops, or `mask_background`
+            without cell masks.
+    """
+    from shortcutlab.data.audit import side_codes
+
     if isinstance(manifest, CropImages):
         crops = manifest
     else:
@@ -511,104 +501,148 @@ def train(
         raise ShortcutlabError(f"the split{' cell ' + repr(cell) if cell else ''} has no training crops")
     if config.mask_background and crops.masks is None:
         raise ShortcutlabError("mask_background needs cell masks: the manifest has no mask column")
-    labels = torch.from_numpy(table.label_codes)
-    classes = list(table.classes)
-    augmentation = _resolve_augmentation(config, augmentation, crops.masks is not None)
-    empty_masks = _count_empty_masks(crops, side, config, augmentation)
-    t_load = time.perf_counter() - t0
+    return crops, split, side, train_idx, data_files
 
-    with torch.random.fork_rng(devices=[]), _deterministic():
-        torch.manual_seed(config.seed)
-        model = create_model(config.arch, num_classes=len(classes), pretrained=config.weights)
-        model.to(device)
-        adapter = wrap(model, device=device)
-        adversary = None
-        adversary_log = None
-        train_parents = None
-        if config.adversary_weight > 0:
-            codes, uniq = np.unique(table.parent_codes[train_idx], return_inverse=True)
-            train_parents = torch.full((table.n_crops,), -1, dtype=torch.long)
-            train_parents[torch.from_numpy(train_idx)] = torch.from_numpy(uniq.astype(np.int64))
-            adversary = torch.nn.Linear(adapter.num_features, len(codes)).to(device)
-            adversary_log = {"n_parents": int(len(codes)), "chance_loss": round(math.log(len(codes)), 6), "epoch_loss": [], "epoch_accuracy": []}
-        params = list(model.parameters()) + (list(adversary.parameters()) if adversary is not None else [])
-        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        gen = torch.Generator().manual_seed(config.seed)
-        n_batches = math.ceil(len(train_idx) / config.batch_size)
-        # A last batch of one crop cannot train BatchNorm (one value per channel after global
-        # pooling): it joins the batch before it. Every other size keeps its batches.
-        if n_batches > 1 and len(train_idx) % config.batch_size == 1:
-            n_batches -= 1
-        total = config.epochs * n_batches
-        step = 0
-        epoch_loss = []
-        t1 = time.perf_counter()
-        bar = tqdm(total=total, desc=f"train {config.arch}", disable=not progress, leave=False)
-        for epoch in range(config.epochs):
-            model.train()
-            order = torch.from_numpy(train_idx)[torch.randperm(len(train_idx), generator=gen)]
-            running, seen = 0.0, 0
-            adv_running, adv_correct = 0.0, 0
-            for b in range(n_batches):
-                idx = order[b * config.batch_size : (b + 1) * config.batch_size if b < n_batches - 1 else len(order)]
-                x, m = crops.float_batch(idx)
-                if config.mask_background:
-                    x = mask_background(x, m, config.background_fill)
-                # The mask travels with the image through crop and flips (one 4-channel tensor).
-                xm = x if m is None else torch.cat([x, m], dim=1)
-                xm = random_resized_crop(xm, config.rrc_scale, config.rrc_ratio, gen)
-                if config.hflip:
-                    xm = _flip(xm, -1, gen)
-                if config.vflip:
-                    xm = _flip(xm, -2, gen)
-                x, m = (xm, None) if m is None else (xm[:, :3], xm[:, 3:].clamp_(0.0, 1.0))
-                x = x.clamp_(0.0, 1.0)
-                if augmentation is not None:
-                    x = _augment(augmentation, x, m, gen)
-                x = x.clamp_(0.0, 1.0).to(device)
-                y = labels[idx].to(device)
-                feats = adapter.features(x)
-                logits = adapter.head(feats)
-                loss = F.cross_entropy(logits, y)
-                if adversary is not None:
-                    lam = dann_lambda(step / max(total - 1, 1), config.adversary_weight)
-                    adv = adversary(_GradReverse.apply(feats, lam))
-                    z = train_parents[idx].to(device)
-                    adv_loss = F.cross_entropy(adv, z)
-                    loss = loss + adv_loss
-                    adv_running += float(adv_loss.detach()) * len(idx)
-                    adv_correct += int((adv.detach().argmax(1) == z).sum())
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                running += float(loss.detach()) * len(idx)
-                seen += len(idx)
-                step += 1
-                bar.update(1)
-            epoch_loss.append(running / seen)
-            if adversary is not None:
-                adversary_log["epoch_loss"].append(round(adv_running / seen, 6))
-                adversary_log["epoch_accuracy"].append(round(adv_correct / seen, 6))
-            bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_loss[-1]:.3f}")
-        bar.close()
-        if config.precise_bn:
-            recalibrate_batchnorm(adapter, crops, train_idx, config, device)
-        t_train = time.perf_counter() - t1
 
-        t2 = time.perf_counter()
-        scored = np.flatnonzero(side >= 0)
-        model.eval()
-        out_logits = []
-        with torch.no_grad():
-            for b in range(0, len(scored), 256):
-                idx = torch.from_numpy(scored[b : b + 256])
-                x, m = crops.float_batch(idx, device=device)
-                if config.mask_background:
-                    x = mask_background(x, m, config.background_fill)
-                out_logits.append(adapter.logits(x).cpu())
-        logits_all = torch.cat(out_logits).numpy()
-        t_eval = time.perf_counter() - t2
+class _ParentAdversary:
+    """The gradient-reversal parent adversary of `train` (DANN): a linear head on the pooled
+    features names the training crop's parent; `log` becomes run.json's ``adversary``.
 
+    Args:
+        parent_codes: (n_crops,) parent code of every crop of the table.
+        train_idx: the training rows; their parents are the adversary's classes.
+        num_features: width of the pooled features.
+        device: where the head lives.
+    """
+
+    def __init__(self, parent_codes: np.ndarray, train_idx: np.ndarray, num_features: int, device: torch.device) -> None:
+        codes, uniq = np.unique(parent_codes[train_idx], return_inverse=True)
+        self.parents = torch.full((len(parent_codes),), -1, dtype=torch.long)
+        self.parents[torch.from_numpy(train_idx)] = torch.from_numpy(uniq.astype(np.int64))
+        self.head = torch.nn.Linear(num_features, len(codes)).to(device)
+        self.log = {"n_parents": int(len(codes)), "chance_loss": round(math.log(len(codes)), 6), "epoch_loss": [], "epoch_accuracy": []}
+        self._loss_sum, self._correct = 0.0, 0
+
+    def loss(self, feats: torch.Tensor, idx: torch.Tensor, lam: float) -> torch.Tensor:
+        """Cross-entropy of the head on `feats`, whose gradient reaches them times -`lam`; the
+        batch's loss and hits are added to the epoch's tally."""
+        adv = self.head(_GradReverse.apply(feats, lam))
+        z = self.parents[idx].to(feats.device)
+        adv_loss = F.cross_entropy(adv, z)
+        self._loss_sum += float(adv_loss.detach()) * len(idx)
+        self._correct += int((adv.detach().argmax(1) == z).sum())
+        return adv_loss
+
+    def end_epoch(self, seen: int) -> None:
+        """Log the epoch's mean loss and accuracy over `seen` crops; start a new tally."""
+        self.log["epoch_loss"].append(round(self._loss_sum / seen, 6))
+        self.log["epoch_accuracy"].append(round(self._correct / seen, 6))
+        self._loss_sum, self._correct = 0.0, 0
+
+
+def _batch_count(n_train: int, batch_size: int) -> int:
+    """Training batches per epoch. A last batch of one crop cannot train BatchNorm (one value
+    per channel after global pooling): it joins the batch before it. Every other size keeps
+    its batches."""
+    n_batches = math.ceil(n_train / batch_size)
+    if n_batches > 1 and n_train % batch_size == 1:
+        n_batches -= 1
+    return n_batches
+
+
+def _fit(adapter, adversary: _ParentAdversary | None, crops: CropImages, train_idx: np.ndarray, config: TrainConfig,
+         augmentation, device: torch.device, progress: bool) -> list[float]:
+    """Step 2 of `train`: AdamW over `config.epochs` epochs of shuffled, augmented batches.
+
+    Shuffling and augmentation draw from one generator seeded by ``config.seed``.
+
+    Returns:
+        The mean training loss of every epoch (with the adversary's loss when there is one).
+    """
+    from tqdm.auto import tqdm
+
+    model = adapter.model
+    labels = torch.from_numpy(crops.table.label_codes)
+    params = list(model.parameters()) + (list(adversary.head.parameters()) if adversary is not None else [])
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    gen = torch.Generator().manual_seed(config.seed)
+    n_batches = _batch_count(len(train_idx), config.batch_size)
+    total = config.epochs * n_batches
+    step = 0
+    epoch_loss = []
+    bar = tqdm(total=total, desc=f"train {config.arch}", disable=not progress, leave=False)
+    for epoch in range(config.epochs):
+        model.train()
+        order = torch.from_numpy(train_idx)[torch.randperm(len(train_idx), generator=gen)]
+        running, seen = 0.0, 0
+        for b in range(n_batches):
+            idx = order[b * config.batch_size : (b + 1) * config.batch_size if b < n_batches - 1 else len(order)]
+            x = _training_batch(crops, idx, config, augmentation, gen).to(device)
+            lam = dann_lambda(step / max(total - 1, 1), config.adversary_weight) if adversary is not None else 0.0
+            running += _train_step(adapter, adversary, opt, x, labels[idx].to(device), idx, lam) * len(idx)
+            seen += len(idx)
+            step += 1
+            bar.update(1)
+        epoch_loss.append(running / seen)
+        if adversary is not None:
+            adversary.end_epoch(seen)
+        bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_loss[-1]:.3f}")
+    bar.close()
+    return epoch_loss
+
+
+def _training_batch(crops: CropImages, idx: torch.Tensor, config: TrainConfig, augmentation, gen: torch.Generator) -> torch.Tensor:
+    """One training batch, (B, 3, H, W) in [0, 1] on the CPU: the background masked if asked,
+    then random resized crop, flips and the augmentation, all drawn from `gen`."""
+    x, m = crops.float_batch(idx)
+    if config.mask_background:
+        x = mask_background(x, m, config.background_fill)
+    # The mask travels with the image through crop and flips (one 4-channel tensor).
+    xm = x if m is None else torch.cat([x, m], dim=1)
+    xm = random_resized_crop(xm, config.rrc_scale, config.rrc_ratio, gen)
+    if config.hflip:
+        xm = _flip(xm, -1, gen)
+    if config.vflip:
+        xm = _flip(xm, -2, gen)
+    x, m = (xm, None) if m is None else (xm[:, :3], xm[:, 3:].clamp_(0.0, 1.0))
+    x = x.clamp_(0.0, 1.0)
+    if augmentation is not None:
+        x = _augment(augmentation, x, m, gen)
+    return x.clamp_(0.0, 1.0)
+
+
+def _train_step(adapter, adversary: _ParentAdversary | None, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                idx: torch.Tensor, lam: float) -> float:
+    """One optimiser step on batch `x` with labels `y`; returns the batch's loss."""
+    feats = adapter.features(x)
+    loss = F.cross_entropy(adapter.head(feats), y)
+    if adversary is not None:
+        loss = loss + adversary.loss(feats, idx, lam)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
+def _score(adapter, crops: CropImages, side: np.ndarray, config: TrainConfig, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """Step 3 of `train`: the logits of every crop of the split in eval mode, un-augmented
+    (masked if `mask_background`). Returns the scored rows and their (n, n_classes) logits."""
+    scored = np.flatnonzero(side >= 0)
+    adapter.model.eval()
+    out_logits = []
+    with torch.no_grad():
+        for b in range(0, len(scored), 256):
+            idx = torch.from_numpy(scored[b : b + 256])
+            x, m = crops.float_batch(idx, device=device)
+            if config.mask_background:
+                x = mask_background(x, m, config.background_fill)
+            out_logits.append(adapter.logits(x).cpu())
+    return scored, torch.cat(out_logits).numpy()
+
+
+def _logits_table(table: CropTable, classes: list[str], side: np.ndarray, scored: np.ndarray, logits_all: np.ndarray):
+    """logits.csv's rows (id, split, label, pred, one logit per class), and the accuracy and
+    crop count per side."""
     sides = np.array(["train", "val", "test"], dtype=object)
     frame = pd.DataFrame({"id": table.ids[scored], "split": sides[side[scored]], "label": np.asarray(classes, dtype=object)[table.label_codes[scored]]})
     pred = logits_all.argmax(1)
@@ -618,28 +652,16 @@ def train(
     correct = pred == table.label_codes[scored]
     accuracy = {s: float(correct[frame["split"].to_numpy() == s].mean()) for s in ("train", "val", "test") if (frame["split"] == s).any()}
     n_crops = {s: int((frame["split"] == s).sum()) for s in ("train", "val", "test")}
+    return frame, accuracy, n_crops
 
-    record = RunRecord(
-        config=asdict(config),
-        split_sha256=split.hash,
-        cell=cell,
-        classes=classes,
-        n_crops=n_crops,
-        accuracy=accuracy,
-        epoch_loss=[round(v, 6) for v in epoch_loss],
-        durations_s={"load": round(t_load, 3), "train": round(t_train, 3), "score": round(t_eval, 3), "train_crops_per_s": round(config.epochs * len(train_idx) / max(t_train, 1e-9), 1)},
-        versions=_versions(),
-        out_dir=os.path.abspath(out_dir),
-        files={"weights": "model.safetensors", "logits": "logits.csv", "record": "run.json"},
-        empty_masks=empty_masks,
-        adversary=adversary_log,
-        data=data_files,
-    )
-    # All three files appear together or not at all; run.json, which marks a complete run,
-    # is renamed into place last.
+
+def _write_run(out_dir: str, frame: pd.DataFrame, model: torch.nn.Module, record: RunRecord) -> None:
+    """Step 4 of `train`: the run folder's three files appear together or not at all; run.json,
+    which marks a complete run, is renamed into place last."""
+    from safetensors.torch import save_file
+
     with atomic_files() as stage:
         frame.to_csv(stage.path(os.path.join(out_dir, "logits.csv")), index=False)
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, stage.path(os.path.join(out_dir, "model.safetensors")))
         write_text(stage.path(os.path.join(out_dir, "run.json")), to_json(asdict(record)))
     write_marker(out_dir, "run", ["model.safetensors", "logits.csv", "run.json"])
-    return record

@@ -31,10 +31,11 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from shortcutlab.errors import ShortcutlabError
+from shortcutlab.models.train_config import TrainConfig, pair_names, train_settings
 from shortcutlab.paths import wrong_kind
 
 
@@ -48,7 +49,7 @@ SYNTH_KEYS = ("mechanisms", "strength", "strengths", "fields_per_class", "mean_c
               "n_classes", "class_signal", "mixed_fields", "mix_dominance", "baseline_noise", "illumination_shading")
 MANIFEST_KEYS = ("path", "id", "label", "parent", "image", "mask", "name")
 #: settings whose single value is itself a list: a list of lists expands
-LIST_VALUED = frozenset({"levels", "rrc_scale", "rrc_ratio"})
+LIST_VALUED = frozenset({"levels"}) | pair_names()
 #: Caps checked before the work they guard, so a runaway config is refused in one line at once
 #: rather than planning or parsing for minutes. `bytes`, `scalar` and `depth` guard the YAML
 #: parsing itself (the file's size, its longest scalar in characters, its nesting depth) and
@@ -654,24 +655,11 @@ def _cells(ck: _Checker, value: Any, protocols, split_params) -> tuple[str, ...]
     return tuple(dict.fromkeys(values))
 
 
-_TRAIN_TYPES = {
-    "arch": ((str,), "a timm model name"),
-    "epochs": ((int,), "a positive integer"),
-    "batch_size": ((int,), "a positive integer"),
-    "lr": ((int, float), "a positive number"),
-    "weight_decay": ((int, float), "a number"),
-    "weights": ((str, type(None)), "a weight file path or null"),
-    "rrc_scale": ((list,), "a list [low, high]"),
-    "rrc_ratio": ((list,), "a list [low, high]"),
-    "hflip": ((bool,), "true or false"),
-    "vflip": ((bool,), "true or false"),
-    "mask_background": ((bool,), "true or false"),
-    "background_fill": ((int, float), "a number in [0, 1]"),
-    "augment": ((str, type(None)), "an intervention name or null"),
-    "augment_params": ((dict,), "a mapping of the augmentation's parameters"),
-    "adversary_weight": ((int, float), "a number >= 0"),
-    "precise_bn": ((bool,), "true or false"),
-}
+def train_types() -> dict[str, tuple[tuple[type, ...], str]]:
+    """The settings a model entry of the config trains with: name -> (accepted YAML types, what
+    a valid value is in words), as `TrainConfig` declares them (`train_settings`); the settings
+    that top-level keys set for every model (seed, device) are left out."""
+    return {s.name: (s.kinds, s.expected) for s in train_settings() if s.sweep_key is None}
 
 
 def _archs() -> list[str]:
@@ -745,12 +733,12 @@ def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) 
 
 
 def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[ModelSpec, ...]:
-    from shortcutlab.models.recipe import TrainConfig
-
     entries = value if isinstance(value, list) else [value]
     if not entries:
         raise ck.error("models", "expected a non-empty list of models (arch: ..., checkpoint: ... or weights/arch/classes)")
-    train_keys = tuple(f.name for f in fields(TrainConfig) if f.name not in ("seed", "device"))
+    types = train_types()
+    train_keys = tuple(types)
+    top_level = {s.name: s.sweep_key for s in train_settings() if s.sweep_key is not None}  # seed -> seeds, device -> device
     out: list[ModelSpec] = []
     for i, entry in enumerate(entries):
         p = f"models[{i}]"
@@ -770,14 +758,14 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
                     raise ck.error(f"{p}.checkpoint", f"{cp!r} is not a run folder of `shortcutlab train`: it has no {f} (looked in {full})")
             out.append(ModelSpec(checkpoint=full))
             continue
-        if isinstance(entry, Mapping) and ("seed" in entry or "device" in entry):
-            k = "seed" if "seed" in entry else "device"
-            raise ck.error(f"{p}.{k}", f"a model takes no {k!r}: the top-level {'seeds' if k == 'seed' else 'device'} sets it")
+        if isinstance(entry, Mapping) and any(k in entry for k in top_level):
+            k = next(k for k in top_level if k in entry)
+            raise ck.error(f"{p}.{k}", f"a model takes no {k!r}: the top-level {top_level[k]} sets it")
         e = ck.keys(p, entry, train_keys + ("checkpoint",))
         for k, v in e.items():
             if isinstance(v, list) and not v:
                 raise ck.error(f"{p}.{k}", "an empty list gives no grid point")
-            kinds, expected = _TRAIN_TYPES[k]
+            kinds, expected = types[k]
             vals = _grid_values(k, v)
             for j, x in enumerate(vals):
                 pj = f"{p}.{k}" + (f"[{j}]" if len(vals) > 1 else "")
@@ -786,7 +774,7 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
                     raise ck.error(pj, f"unknown architecture {x!r}{_close(x, _archs())} (any timm model name: timm.list_models())")
                 if k == "augment" and x is not None:
                     _intervention_class(ck, pj, x)
-                if k in ("rrc_scale", "rrc_ratio") and (len(x) != 2 or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in x)):
+                if k in pair_names() and (len(x) != 2 or not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in x)):
                     raise ck.error(pj, f"expected a list of two numbers [low, high]; got {x!r}")
                 if k == "weights" and x is not None:
                     full = x if os.path.isabs(x) else os.path.normpath(os.path.join(base_dir, x))
@@ -797,29 +785,17 @@ def _models(ck: _Checker, value: Any, base_dir: str, conditions=()) -> tuple[Mod
                 w = point["weights"]
                 point["weights"] = w if os.path.isabs(w) else os.path.normpath(os.path.join(base_dir, w))
             try:
-                kw = dict(point)
-                for k in ("rrc_scale", "rrc_ratio"):
-                    if k in kw:
-                        kw[k] = tuple(kw[k])
-                cfg = TrainConfig(**kw)
+                cfg = TrainConfig.from_dict(point)
             except ShortcutlabError as err:
                 bad = _culprit(str(err), list(point))
                 raise ck.error(f"{p}{'.' + bad if bad else ''}", str(err)) from None
-            d = {k: v for k, v in _train_dict(cfg).items() if k not in ("seed", "device")}
+            d = {k: v for k, v in cfg.to_dict().items() if k not in top_level}
             if cfg.augment:
                 import interventions
 
                 _built(ck, f"{p}.augment_params", lambda **kw: interventions.get(cfg.augment, **kw), cfg.augment_params)
             out.append(ModelSpec(train=d))
     return tuple(out)
-
-
-def _train_dict(cfg) -> dict:
-    from dataclasses import asdict
-
-    d = asdict(cfg)
-    d["rrc_scale"], d["rrc_ratio"] = list(d["rrc_scale"]), list(d["rrc_ratio"])
-    return d
 
 
 def _intervention_class(ck: _Checker, path: str, name: Any):

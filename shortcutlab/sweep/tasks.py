@@ -130,10 +130,7 @@ def _run_train(task: Task, root: str, tmp: str, final: str) -> dict:
 
     p = task.params
     res, split_path = _split_files(root, p["inputs"]["split"])
-    tcfg = dict(p["train"])
-    for k in ("rrc_scale", "rrc_ratio"):
-        tcfg[k] = tuple(tcfg[k])
-    rec = train(_table(root, res), split_path, tmp, TrainConfig(**tcfg), cell=p["cell"], progress=False)
+    rec = train(_table(root, res), split_path, tmp, TrainConfig.from_dict(p["train"]), cell=p["cell"], progress=False)
     # run.json names the folder it was written in: the final one, not the temporary one.
     path = TaskFolder(tmp).run_record
     with open(path, encoding="utf-8") as f:
