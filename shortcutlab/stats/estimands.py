@@ -407,6 +407,9 @@ def _registered_parts(ctx: EstimandContext) -> list[pd.DataFrame]:
     parts, rank = [], {}
     for i, (name, est) in enumerate(REGISTRY.classes().items()):
         rows = est.compute(ctx)
+        if rows is not None and not isinstance(rows, pd.DataFrame):
+            raise StatsError(f"estimand {name!r} ({est.__module__}.{est.__qualname__}) returned {type(rows).__name__}; "
+                             f"expected a pandas DataFrame of rows (or None: no rows)")
         if rows is None or not len(rows):
             continue
         rows = rows.copy()
