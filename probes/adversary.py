@@ -354,6 +354,8 @@ class LinearAdversaryDiagnostic(CheckDiagnostic):
         n_folds, Cs: the `ParentProbe`'s settings; random_state: folds and batches (None: ctx.seed).
     """
 
+    label = "linear adversary"
+
     def __init__(self, weights: Sequence[float] = (1.0,), steps: int = 300, batch_size: int | None = 256, lr: float = 1e-2,
                  C_adv: float = 1.0, cross_fit: bool = True, test_sets: Mapping[str, Sequence[int]] | None = None, check_on: str = "test",
                  min_removed: float = 0.25, max_cost: float = 0.01, n_folds: int = 4, Cs: float | Sequence[float] = (0.01, 0.1, 1.0),

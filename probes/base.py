@@ -12,6 +12,12 @@ Metadata lives in class attributes, as for interventions:
 - ``needs``: what the diagnostic uses, a subset of ``{"features", "masks", "head", "split"}``
   ("head": the trained classifier head; "split": the run's train/test sides). `diagnose`
   skips, with a recorded reason, a diagnostic whose needs the run cannot meet (no masks).
+- ``label``, ``metric_labels``, ``metric_units``: how the report names the diagnostic and
+  its metrics (``label = "parent probe"``, ``metric_labels = {"R": "R"}``,
+  ``metric_units = {"R": "fraction"}``);
+- ``leak_metrics``: metrics the report's validity table reads against the leak (the
+  leak-model minus clean-model value, paired by seed; it "moves" when the interval excludes 0
+  and reaches 0.01): fractions on a 0-1 scale, one row each, named "<label> <metric label>".
 
 A new diagnostic is a module with a subclass and ``@register("name")``; third-party packages
 join through the entry-point group ``shortcutlab.diagnostics``.
@@ -31,7 +37,7 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
@@ -199,16 +205,38 @@ class Diagnostic(abc.ABC):
     Class attributes:
         name: the registry name (set by `probes.register`).
         needs: what `run` uses, a subset of {"features", "masks", "head", "split"}.
+        label: the report's name for it ('' : the name with spaces; `display_label`).
+        metric_labels: the report's names of its metrics ({metric: label}; `metric_label`).
+        metric_units: units of its metrics ({metric: unit}, e.g. 'fraction' on a 0-1 scale).
+        leak_metrics: metrics the report's validity table reads against the leak (fractions).
     """
 
     name: ClassVar[str] = ""
     needs: ClassVar[frozenset] = frozenset()
+    label: ClassVar[str] = ""
+    metric_labels: ClassVar[Mapping[str, str]] = {}
+    metric_units: ClassVar[Mapping[str, str]] = {}
+    leak_metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         unknown = set(cls.needs) - NEEDS
         if unknown:
             raise TypeError(f"{cls.__qualname__}.needs has unknown entries {sorted(unknown)}; allowed: {sorted(NEEDS)}")
+        for metric in cls.leak_metrics:
+            if cls.metric_units.get(metric, "fraction") != "fraction":
+                raise TypeError(f"{cls.__qualname__}.leak_metrics holds {metric!r} with unit {cls.metric_units[metric]!r}; "
+                                f"the report reads leak metrics as fractions (unit 'fraction')")
+
+    @classmethod
+    def display_label(cls) -> str:
+        """How the report names the diagnostic: `label`, else its name with spaces."""
+        return cls.label or cls.name.replace("_", " ")
+
+    @classmethod
+    def metric_label(cls, metric: str) -> str:
+        """How the report names one of its metrics: `metric_labels`, else the metric with spaces."""
+        return cls.metric_labels.get(metric, metric.replace("_", " "))
 
     def missing(self, ctx: DiagnosticContext) -> str | None:
         """Why this diagnostic cannot run on `ctx` (None when it can)."""

@@ -380,6 +380,7 @@ class GroupIdentifiabilityDiagnostic(Diagnostic):
     """
 
     needs = frozenset({"features"})
+    label = "group identifiability"
 
     def __init__(self, folds: int = 5, C: float = 1.0, seed: int | None = None, max_iter: int = 100,
                  interval: Literal["wilson", "exact"] = "wilson", inputs: tuple[str, ...] = ("crops", "background"),

@@ -37,6 +37,7 @@ class InterventionAccuracy(Diagnostic):
     """
 
     needs = frozenset({"split", "head"})
+    label = "intervention accuracy"
 
     def __init__(self, names: list[str] | None = None, params: dict | None = None, fit_crops: int = 1024) -> None:
         import interventions

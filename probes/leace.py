@@ -491,6 +491,10 @@ class LeaceDiagnostic(CheckDiagnostic):
         C: the heads' inverse L2 strength.
     """
 
+    label = "LEACE"
+    metric_labels = {"R": "R", "R_after": "R after erasure"}
+    metric_units = {"R": "fraction", "R_after": "fraction"}
+
     def __init__(self, ranks: Sequence[int | None] = (256,), within_class: bool = True, test_sets: Mapping[str, Sequence[int]] | None = None,
                  check_on: str = "test", min_removed: float = 0.25, max_cost: float = 0.01, n_folds: int = 4,
                  Cs: float | Sequence[float] = (0.01, 0.1, 1.0), random_state: int | None = None, C: float = 1.0) -> None:

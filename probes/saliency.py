@@ -931,6 +931,10 @@ class GradCamDiagnostic(Diagnostic):
     """
 
     needs = frozenset({"masks", "split", "head"})
+    label = "Grad-CAM"
+    metric_labels = {"outside_mass": "outside mass"}
+    metric_units = {"outside_mass": "fraction"}
+    leak_metrics = ("outside_mass",)
 
     def __init__(
         self,

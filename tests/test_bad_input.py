@@ -2536,3 +2536,49 @@ def test_bad_training_settings_in_a_sweep_config_name_their_key(key, value, expe
         validate(raw)
     msg = str(e.value)
     assert f"models[0].{key}" in msg and expected in msg and "\n" not in msg, msg
+# --- issue 21: F, registered estimands and diagnostic labels ----------------------------------------
+
+def test_a_second_estimand_cannot_take_a_registered_name():
+    from shortcutlab.stats import StatsError, register_estimand
+
+    with pytest.raises(StatsError, match=r"estimand name 'leak' is already registered by shortcutlab\.stats\.estimands\.") as e:
+        register_estimand("leak", unit="pp", reading="x")(lambda ctx: None)
+    assert "\n" not in str(e.value) and "cannot take it too" in str(e.value)
+
+
+def test_an_estimand_name_must_be_an_identifier():
+    from shortcutlab.stats import StatsError, register_estimand
+
+    with pytest.raises(StatsError, match=r"an estimand name must be a non-empty identifier; got 'leak cut'"):
+        register_estimand("leak cut", unit="pp", reading="x")(lambda ctx: None)
+
+
+def test_an_unknown_estimand_lists_the_close_names():
+    from shortcutlab.stats import StatsError, get_estimand
+
+    with pytest.raises(StatsError, match=r"unknown estimand 'leak_cutt'; did you mean 'leak_cut'"):
+        get_estimand("leak_cutt")
+
+
+def test_an_estimand_returning_no_frame_is_named():
+    from shortcutlab.stats import StatsError, estimates, register_estimand, simulate_factorial, unregister_estimand
+
+    register_estimand("listed", unit="pp", reading="x")(lambda ctx: [1, 2])
+    try:
+        with pytest.raises(StatsError, match=r"estimand 'listed' \(.*\) returned list; expected a pandas DataFrame of rows") as e:
+            estimates(simulate_factorial(n_seeds=2, n_parents=4, crops_per_parent=1), n_boot=0)
+        assert "\n" not in str(e.value)
+    finally:
+        unregister_estimand("listed")
+
+
+def test_a_diagnostic_leak_metric_must_be_a_fraction():
+    from probes import Diagnostic
+
+    with pytest.raises(TypeError, match=r"Odd\.leak_metrics holds 'spread' with unit 'pixels'; the report reads leak metrics as fractions"):
+        class Odd(Diagnostic):
+            metric_units = {"spread": "pixels"}
+            leak_metrics = ("spread",)
+
+            def run(self, ctx):
+                return []

@@ -453,3 +453,72 @@ def test_readings_name_a_plug_in_by_its_label():
     # once unregistered, the name itself is shown
     assert intervention_label("toy_row_tag:k=2") == "toy row tag (k=2)"
     assert intervention_label("none") == "the unaltered crops"
+
+
+# --- issue 21: the report asks diagnostics and estimands for their labels and readings -------------
+
+@pytest.fixture
+def toy_plugins():
+    """A toy diagnostic with a leak metric and a toy estimand no figure reads, registered for
+    one test."""
+    import probes
+    from shortcutlab.stats import register_estimand, unregister_estimand
+
+    @probes.register("toy_spread")
+    class ToySpread(probes.Diagnostic):
+        label = "toy saliency"
+        metric_labels = {"cell_spread": "cell spread"}
+        metric_units = {"cell_spread": "fraction"}
+        leak_metrics = ("cell_spread",)
+
+        def run(self, ctx):
+            return []
+
+    @register_estimand("leak_accuracy", unit="share", reading="leak models score {estimate} on their test crops")
+    def leak_accuracy(ctx):
+        leak = ctx.pred[(ctx.pred["exposure"] == "leak") & (ctx.pred["intervention"] == ctx.baseline)]
+        acc = leak.groupby("condition")["correct"].mean()
+        return pd.DataFrame({"condition": acc.index, "estimate": acc.to_numpy()})
+
+    try:
+        yield
+    finally:
+        probes.unregister("toy_spread")
+        unregister_estimand("leak_accuracy")
+
+
+def test_a_plugin_diagnostic_and_estimand_show_under_their_own_labels(toy_plugins, tmp_path):
+    pred = simulate_factorial(n_seeds=3, n_parents=12, crops_per_parent=2, effect=1.5, condition="sim", seed=2)
+    pred = pred.astype({c: str for c in ("model", "arch", "exposure", "id", "parent", "cell")})
+    models = pred.drop_duplicates("model")[["model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity"]]
+    rows = []
+    for m in models.to_dict("records"):
+        value = 0.5 + 0.01 * m["seed"] + (0.05 if m["exposure"] == "leak" else 0.0)   # leak = clean + 5 points
+        rows += [dict(m, diagnostic="toy_spread", setting="", metric="cell_spread", value=value),
+                 dict(m, diagnostic="toy_spread", setting="class=0", metric="cell_spread", value=0.9)]
+    results = pd.DataFrame(rows).assign(run_id=lambda r: r["model"], ci_low=np.nan, ci_high=np.nan, n=10)
+    paths = build_report(_fake_sweep(tmp_path, pred, results), n_boot=50, examples=False)
+    validity = pd.read_csv(paths["validity"], keep_default_na=False)
+    toy = validity[validity["kind"] == "toy_spread"]
+    assert toy["item"].tolist() == ["toy saliency cell spread"]
+    assert float(toy["estimate"].iloc[0]) == pytest.approx(0.05) and toy["verdict"].tolist() == ["moves"]
+    with open(paths["html"], encoding="utf-8") as f:
+        html = f.read()
+    section = _section(html, "validity")
+    assert "<td>toy saliency cell spread</td>" in section
+    assert "the toy saliency cell spread: sim (high) moves" in section
+    # the estimand no figure reads: its own reading, its value counted by hand, its unit
+    leak = pred[pred["exposure"] == "leak"]
+    share = f"{100 * leak['correct'].sum() / len(leak):.0f}%"
+    further = _section(html, "further_estimates")
+    assert f"sim: leak models score {share} on their test crops" in further
+    assert "<td>share</td>" in further and f"<td>{share}</td>" in further
+
+
+def test_the_built_in_diagnostics_name_themselves_for_the_report():
+    from shortcutlab.report.readings import diagnostic_label
+
+    assert diagnostic_label("parent_probe", "R") == "parent probe R"
+    assert diagnostic_label("gradcam", "outside_mass") == "Grad-CAM outside mass"
+    assert diagnostic_label("leace") == "LEACE"
+    assert diagnostic_label("not_registered", "some_metric") == "not registered some metric"

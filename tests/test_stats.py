@@ -372,3 +372,79 @@ def test_no_factorial_warns_and_records():
     leak = table[table["estimand"] == "leak"]
     assert len(leak) == 1 and np.isnan(leak["estimate"].iloc[0]) and "no factorial" in leak["reason"].iloc[0]
     assert np.isfinite(table.loc[table["estimand"] == "protocol", "estimate"]).all()
+
+
+# --- issue 21: estimands are registered functions with a unit and a reading ------------------------
+
+@pytest.fixture
+def toy_estimand():
+    """`leak_accuracy`: the leak models' accuracy per condition on the unaltered crops, with
+    hand-set p-values (0.01, 0.04) in one Holm family; unregistered after the test."""
+    from shortcutlab.stats import register_estimand, unregister_estimand
+
+    @register_estimand("leak_accuracy", unit="share", reading="leak models score {estimate} on their test crops")
+    def leak_accuracy(ctx):
+        leak = ctx.pred[(ctx.pred["exposure"] == "leak") & (ctx.pred["intervention"] == ctx.baseline)]
+        acc = leak.groupby("condition")["correct"].mean()
+        return pd.DataFrame({"condition": acc.index, "family": "toy", "estimate": acc.to_numpy(),
+                             "p_value": [0.01, 0.04][:len(acc)]})
+
+    try:
+        yield "leak_accuracy"
+    finally:
+        unregister_estimand("leak_accuracy")
+
+
+def _two_conditions() -> pd.DataFrame:
+    a = simulate_factorial(n_seeds=3, n_parents=12, crops_per_parent=2, condition="a", seed=3)
+    b = simulate_factorial(n_seeds=3, n_parents=12, crops_per_parent=2, effect=1.0, condition="b", seed=4)
+    frames = [f.astype({c: str for c in ("model", "arch", "exposure", "id", "parent", "cell")}) for f in (a, b)]
+    frames[1]["model"] = "b-" + frames[1]["model"]
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_registered_estimand_joins_the_table_with_its_unit_and_reading(toy_estimand):
+    from shortcutlab.stats import estimand_units, read_row, unregister_estimand
+
+    pred = _two_conditions()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = estimates(pred, n_boot=0)
+    toy = table[table["estimand"] == toy_estimand].set_index("condition")
+    # the leak models' accuracy, counted by hand from the raw frame
+    for cond in ("a", "b"):
+        leak = pred[(pred["condition"] == cond) & (pred["exposure"] == "leak")]
+        assert toy.loc[cond, "estimate"] == pytest.approx(leak["correct"].sum() / len(leak), abs=1e-12)
+    # Holm within the toy family by hand: 0.01 * 2 = 0.02, then max(0.02, 0.04 * 1) = 0.04
+    assert toy.loc["a", "p_holm"] == pytest.approx(0.02) and toy.loc["b", "p_holm"] == pytest.approx(0.04)
+    assert toy["reject"].tolist() == [True, True]
+    assert set(table["estimand"]) == {"leak", "leak_accuracy"}
+    assert estimand_units(table) == {"leak": "pp", "leak_accuracy": "share"}
+    row = toy.reset_index().iloc[0].to_dict()
+    assert read_row(row) == f"leak models score {100 * row['estimate']:.0f}% on their test crops"
+    # the built-in rows do not move: the table without the toy is the table minus its rows
+    unregister_estimand(toy_estimand)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        without = estimates(pred, n_boot=0)
+    # (n_seeds is float beside the toy's NaN, int without it)
+    pd.testing.assert_frame_equal(table[table["estimand"] != toy_estimand].reset_index(drop=True), without,
+                                  check_dtype=False)
+
+
+def test_jointly_computed_estimands_keep_their_interleaved_order():
+    """leak_cut, share_removed and clean_cost are three registered estimands from one pass:
+    the table keeps intervention_effect's row order (three rows per setting and architecture)."""
+    pred = grid(n_seeds=2, diversities=("high",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = estimates(pred, n_boot=0)
+        inter = intervention_effect(pred, n_boot=0)
+    got = table[table["estimand"].isin(["leak_cut", "share_removed", "clean_cost"])]
+    assert got["estimand"].tolist() == inter["estimand"].tolist() == ["leak_cut", "share_removed", "clean_cost"] * 3
+    assert np.allclose(got["estimate"].to_numpy(float), inter["estimate"].to_numpy(float), equal_nan=True)
+    # the first row by hand: r18's leak effect on unaltered crops minus under 'gray'
+    acc = pred[pred["arch"] == "r18"].groupby(["intervention", "exposure"])["correct"].mean()
+    cut = (acc["none", "leak"] - acc["none", "clean"]) - (acc["gray", "leak"] - acc["gray", "clean"])
+    assert got.iloc[0][["arch", "intervention"]].tolist() == ["r18", "gray"]
+    assert got.iloc[0]["estimate"] == pytest.approx(cut, abs=1e-12)

@@ -14,16 +14,17 @@ from shortcutlab.report.figures import Section, accuracy_section, dose_section, 
 from shortcutlab.report.folder import ReportError, SweepFolder
 from shortcutlab.report.render import to_html, to_markdown
 from shortcutlab.report.tables import audit_card, dose_pairs, validity_table
+from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
 
 TITLE = "shortcutlab report"
 
 
 def _ci(lo, hi, unit="pp") -> str:
-    if rd._nan(lo) or rd._nan(hi):
+    if is_nan(lo) or is_nan(hi):
         return "no interval"
     if unit == "%":
         return f"{rd.pct(lo)} to {rd.pct(hi)}"
-    return f"{rd._num(lo)} to {rd._num(hi)}"
+    return f"{pp_number(lo)} to {pp_number(hi)}"
 
 
 def validity_display(table: pd.DataFrame) -> pd.DataFrame:
@@ -33,13 +34,13 @@ def validity_display(table: pd.DataFrame) -> pd.DataFrame:
         item = rd.intervention_label(r.item) if r.kind == "intervention" else r.item
         rows.append({
             "condition": r.condition, "diversity": r.diversity, "arch": r.arch,
-            "leak (pp, CI)": f"{rd._num(r.leak)} ({_ci(r.leak_ci_low, r.leak_ci_high)})",
+            "leak (pp, CI)": f"{pp_number(r.leak)} ({_ci(r.leak_ci_low, r.leak_ci_high)})",
             "intervention / diagnostic": item,
-            "effect (pp, CI)": f"{rd._num(r.estimate)} ({_ci(r.ci_low, r.ci_high)})" if not rd._nan(r.estimate) else "n/a",
+            "effect (pp, CI)": f"{pp_number(r.estimate)} ({_ci(r.ci_low, r.ci_high)})" if not is_nan(r.estimate) else "n/a",
             "share of leak removed (CI)": (f"{rd.pct(r.share)} ({_ci(r.share_ci_low, r.share_ci_high, '%')})"
-                                           if not rd._nan(r.share) else ""),
-            "clean-model cost (pp, CI)": (f"{rd._num(r.clean_cost)} ({_ci(r.cost_ci_low, r.cost_ci_high)})"
-                                          if not rd._nan(r.clean_cost) else ""),
+                                           if not is_nan(r.share) else ""),
+            "clean-model cost (pp, CI)": (f"{pp_number(r.clean_cost)} ({_ci(r.cost_ci_low, r.cost_ci_high)})"
+                                          if not is_nan(r.clean_cost) else ""),
             "verdict": r.verdict,
         })
     return pd.DataFrame(rows)
@@ -50,26 +51,43 @@ def validity_section(est: pd.DataFrame, results: pd.DataFrame | None, n_boot: in
     table = validity_table(est, results, n_boot=n_boot, seed=seed, level=level)
     if table.empty:
         return left_out(key, title, "the estimates hold no leak (no factorial, or no estimate)"), table
-    counts = table.groupby("kind")["verdict"].value_counts()
+    sec = Section(key, title, reading=validity_reading(table), table=validity_display(table))
+    sec.notes.append("Effects are leak minus clean, in pp; an intervention's effect is the leak cut (leak on unaltered "
+                     "crops minus leak under it). Verdicts: 'removed' (cut's interval above 0, share >= 50%), 'partly "
+                     "removed' (interval above 0, share < 50%), 'not removed' (interval includes 0), 'increased' (interval "
+                     "below 0), 'uninformative' (its accuracy cost on clean models exceeds the leak), 'no leak' (the leak's "
+                     "interval includes 0), 'no change' (cut, its interval and the clean cost all exactly 0: the intervention changed no accuracy); a diagnostic 'moves' when its seed-paired leak-minus-clean interval excludes 0 and reaches 1 point ('moves negligibly' when it stays within 1 point of 0).")
+    return sec, table
+
+
+def validity_reading(table: pd.DataFrame) -> str:
+    """The validity section's sentence: the intervention verdicts counted, then each
+    diagnostic's verdicts per condition: R first, the diagnostics' leak metrics (named by
+    their classes: 'the Grad-CAM outside mass'), the erasure last."""
     parts = []
     inter = table[table["kind"] == "intervention"]
     if len(inter):
         v = inter["verdict"].value_counts()
         parts.append("Of " + f"{len(inter)} intervention reading{'s' if len(inter) != 1 else ''}: "
                      + ", ".join(f"{n} {k}" for k, n in v.items()))
-    for kind, label in (("R", "R"), ("gradcam", "the Grad-CAM outside mass"), ("erasure", "LEACE erasure")):
-        sub = table[table["kind"] == kind]
-        if len(sub):
-            parts.append(f"{label}: " + ", ".join(f"{r.condition} ({r.diversity}) {r.verdict}" for r in sub.itertuples()))
-    reading = "; ".join(parts) + "." if parts else ""
-    sec = Section(key, title, reading=reading, table=validity_display(table))
-    sec.notes.append("Effects are leak minus clean, in pp; an intervention's effect is the leak cut (leak on unaltered "
-                     "crops minus leak under it). Verdicts: 'removed' (cut's interval above 0, share >= 50%), 'partly "
-                     "removed' (interval above 0, share < 50%), 'not removed' (interval includes 0), 'increased' (interval "
-                     "below 0), 'uninformative' (its accuracy cost on clean models exceeds the leak), 'no leak' (the leak's "
-                     "interval includes 0), 'no change' (cut, its interval and the clean cost all exactly 0: the intervention changed no accuracy); a diagnostic 'moves' when its seed-paired leak-minus-clean interval excludes 0 and reaches 1 point ('moves negligibly' when it stays within 1 point of 0).")
-    del counts
-    return sec, table
+    diag = table[table["kind"] != "intervention"]
+    groups = sorted(dict.fromkeys(zip(diag["kind"], diag["item"])), key=lambda g: {"R": 0, "erasure": 2}.get(g[0], 1))
+    for kind, item in groups:
+        sub = diag[(diag["kind"] == kind) & (diag["item"] == item)]
+        parts.append(f"{_diagnostic_phrase(kind, item)}: "
+                     + ", ".join(f"{r.condition} ({r.diversity}) {r.verdict}" for r in sub.itertuples()))
+    return "; ".join(parts) + "." if parts else ""
+
+
+def _diagnostic_phrase(kind: str, item: str) -> str:
+    """How the validity reading names a diagnostic row: R by its metric label, the erasure by
+    LEACE's label, a leak metric by its item ('the Grad-CAM outside mass')."""
+    if kind == "R":
+        cls = rd.diagnostic_class("parent_probe")
+        return cls.metric_label("R") if cls is not None else "R"
+    if kind == "erasure":
+        return f"{rd.diagnostic_label('leace')} erasure"
+    return f"the {item}"
 
 
 def audit_section(folder: SweepFolder, results: pd.DataFrame | None) -> Section:
@@ -183,34 +201,82 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
     folder = SweepFolder(sweep_dir)
     out = os.path.abspath(os.fspath(out) if out is not None else folder.layout.report)
     _check_out(out)
-    pred, results = folder.predictions, folder.results
-    caught: list[str] = []
+    pred = folder.predictions
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         est = estimates(pred, None, n_boot=n_boot, level=level, seed=seed)
-        pairs = dose_pairs(pred, results) if results is not None else pd.DataFrame()
-        slopes = _slopes(pairs, n_boot, seed, level)
-        validity, vtable = validity_section(est, results, n_boot, seed, level)
-        sections = [
-            audit_section(folder, results),
-            accuracy_section(pred, est),
-            forest_section(est, level),
-            validity,
-            dose_section(pred, results, slopes, level),
-            gradcam_section(results),
-        ]
-        if examples:
-            sections.append(examples_section(folder, device=device))
-        else:
-            sections.append(left_out("examples", "Example crops: masks, interventions and Grad-CAM",
-                                     "it was not requested (--no-examples)"))
-    for item in w:
+        sections, vtable = _sections(folder, est, n_boot, seed, level, examples, device)
+    caught = _caught(w)
+    intro = _intro(folder, n_boot, seed, level)
+    html_text = to_html(TITLE, intro, sections, caught)
+    md_text = to_markdown(TITLE, intro, sections, caught)
+    return _write(out, sections, est, vtable, html_text, md_text)
+
+
+def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, level: float, examples: bool,
+              device: str) -> tuple[list[Section], pd.DataFrame]:
+    """Every section of the report, in order, and the validity table."""
+    pred, results = folder.predictions, folder.results
+    pairs = dose_pairs(pred, results) if results is not None else pd.DataFrame()
+    slopes = _slopes(pairs, n_boot, seed, level)
+    validity, vtable = validity_section(est, results, n_boot, seed, level)
+    sections = [
+        audit_section(folder, results),
+        accuracy_section(pred, est),
+        forest_section(est, level),
+        validity,
+        dose_section(pred, results, slopes, level),
+        gradcam_section(results),
+    ]
+    further = further_section(est, level)
+    if further is not None:
+        sections.append(further)
+    if examples:
+        sections.append(examples_section(folder, device=device))
+    else:
+        sections.append(left_out("examples", "Example crops: masks, interventions and Grad-CAM",
+                                 "it was not requested (--no-examples)"))
+    return sections, vtable
+
+
+def further_section(est: pd.DataFrame, level: float = 0.95) -> Section | None:
+    """The rows of every registered estimand that no figure reads (`Estimand.section` None),
+    one line each in the estimand's own reading, with a table in its unit; None when the
+    estimates hold none (the built-in estimands are all read by a figure or left to the
+    table)."""
+    from shortcutlab.stats import available_estimands, get_estimand, read_row
+
+    names = [n for n in available_estimands() if get_estimand(n).section is None]
+    rows = est[est["estimand"].isin(names)]
+    if rows.empty:
+        return None
+    lines, table = [], []
+    for r in rows.to_dict("records"):
+        unit = get_estimand(r["estimand"]).unit
+        where = ", ".join(str(r[k]) for k in ("condition", "diversity", "arch") if str(r.get(k) or "") not in ("", "nan"))
+        lines.append(f"{where}: {read_row(r, level)}" if where else read_row(r, level))
+        table.append({"estimand": r["estimand"], "condition": r["condition"], "arch": r["arch"], "unit": unit,
+                      "estimate": format_value(r["estimate"], unit),
+                      "interval": format_interval(r["ci_low"], r["ci_high"], unit, level)})
+    return Section("further_estimates", "Further estimates", reading="\n".join(lines), table=pd.DataFrame(table))
+
+
+def _caught(records) -> list[str]:
+    """The warnings raised while the report was computed, each once, as one line."""
+    caught: list[str] = []
+    for item in records:
         text = f"{item.category.__name__}: {' '.join(str(item.message).split())}"
         if text not in caught:
             caught.append(text)
+    return caught
+
+
+def _intro(folder: SweepFolder, n_boot: int, seed: int, level: float) -> list[str]:
+    """The report's opening paragraphs: what the sweep holds, how intervals are made."""
+    pred, results = folder.predictions, folder.results
     n_models = pred["model"].nunique()
     v = folder.versions
-    intro = [
+    return [
         f"Sweep folder: {folder.path}. {n_models} models, {pred['condition'].nunique()} condition(s) "
         f"({', '.join(sorted(map(str, pred['condition'].unique())))}), {pred['seed'].nunique()} seed(s), "
         f"{pred['intervention'].nunique() - 1 if 'none' in set(pred['intervention']) else pred['intervention'].nunique()} "
@@ -218,8 +284,11 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         f"Intervals: {level * 100:.0f}% percentile bootstrap over seeds and test parents ({n_boot} resamples, seed {seed}); "
         f"effects in percentage points (pp)." + (f" Versions: {', '.join(f'{k} {x}' for k, x in sorted(v.items()))}." if v else ""),
     ]
-    html_text = to_html(TITLE, intro, sections, caught)
-    md_text = to_markdown(TITLE, intro, sections, caught)
+
+
+def _write(out: str, sections: list[Section], est: pd.DataFrame, vtable: pd.DataFrame, html_text: str,
+           md_text: str) -> dict:
+    """Write the report's files into `out` as one set (`io.atomic_dir`); their paths."""
     paths = {"dir": out, "html": os.path.join(out, "report.html"), "markdown": os.path.join(out, "report.md"),
              "estimates": os.path.join(out, "estimates.csv"), "validity": os.path.join(out, "validity.csv"), "figures": []}
     with atomic_dir(out, "report", REPORT_FILES, _is_legacy_report) as tmp:
@@ -238,4 +307,4 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
     return paths
 
 
-__all__ = ["ReportError", "SweepFolder", "build_report", "validity_display"]
+__all__ = ["ReportError", "SweepFolder", "build_report", "further_section", "validity_display", "validity_reading"]

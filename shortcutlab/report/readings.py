@@ -46,10 +46,10 @@ The rules, stated once and used everywhere:
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pandas as pd
+
+from shortcutlab.stats import get_estimand
+from shortcutlab.stats.units import ci_pct, ci_pp, is_nan, pct, pp, pp_number
 
 #: How the report names the unaltered crops (setting "none"); interventions name themselves
 #: with their class's `label` (`intervention_label`).
@@ -58,47 +58,30 @@ NONE_LABEL = "the unaltered crops"
 REMOVED_SHARE = 0.5      # "removed" from this share of the leak up (with the cut's interval above 0)
 HEAD_CHECK_RHO = 0.5     # Grad-CAM maps "change with the head" below this median Spearman rho
 SAME_MASS = 0.05         # outside mass "the same as a randomised head's" within this difference
-MIN_SLOPE_SEEDS = 3      # a slope's seed-bootstrap interval is stated from this many seeds up
 
 
-def _nan(x) -> bool:
-    return x is None or (isinstance(x, (float, np.floating)) and math.isnan(x)) or x is pd.NA
+_nan, _num = is_nan, pp_number  # the units' formatting (shortcutlab.stats.units), as this module names it
 
 
-def pp(x: float, signed: bool = True) -> str:
-    """A fraction as percentage points with one decimal: 0.1304 -> '+13.0 pp'."""
-    if _nan(x):
-        return "n/a"
-    v = 100 * float(x)
-    v = 0.0 if abs(v) < 0.05 else v  # no '-0.0'
-    return f"{v:+.1f} pp" if signed else f"{v:.1f} pp"
+def diagnostic_class(name: str):
+    """The diagnostic class registered as `name` (`probes.get_class`), or None when none is."""
+    import probes
+
+    try:
+        return probes.get_class(name)
+    except probes.DiagnosticError:
+        return None
 
 
-def _num(x: float, signed: bool = True) -> str:
-    v = 100 * float(x)
-    v = 0.0 if abs(v) < 0.05 else v
-    return f"{v:+.1f}" if signed else f"{v:.1f}"
-
-
-def ci_pp(lo: float, hi: float, level: float = 0.95) -> str:
-    """'95% CI +9.1 to +16.8 pp' (or 'no interval')."""
-    if _nan(lo) or _nan(hi):
-        return "no interval"
-    return f"{level * 100:.0f}% CI {_num(lo)} to {_num(hi)} pp"
-
-
-def pct(x: float) -> str:
-    """A share as a whole percentage: 0.7049 -> '70%'."""
-    if _nan(x):
-        return "n/a"
-    v = 100 * float(x)
-    return f"{0 if abs(v) < 0.5 else v:.0f}%"
-
-
-def ci_pct(lo: float, hi: float) -> str:
-    if _nan(lo) or _nan(hi):
-        return "no interval"
-    return f"CI {pct(lo)} to {pct(hi)}"
+def diagnostic_label(name: str, metric: str | None = None) -> str:
+    """How the report names a diagnostic ('parent probe'), or one of its metrics with it
+    ('Grad-CAM outside mass'): its class's `display_label` and `metric_label`; an unregistered
+    name with spaces for underscores."""
+    cls = diagnostic_class(name)
+    label = cls.display_label() if cls is not None else name.replace("_", " ")
+    if metric is None:
+        return label
+    return f"{label} {cls.metric_label(metric) if cls is not None else metric.replace('_', ' ')}"
 
 
 def intervention_label(setting: str) -> str:
@@ -124,17 +107,9 @@ def _excludes_zero(lo, hi) -> bool:
 # --- leak and interventions ------------------------------------------------------------------
 
 def leak_phrase(row, level: float = 0.95) -> str:
-    """'the leak is +13.0 pp (95% CI +9.1 to +16.8 pp)', with the caveats of the rules."""
-    est = row["estimate"]
-    if _nan(est):
-        return f"the leak could not be estimated ({row.get('reason') or 'no data'})"
-    if _nan(row["ci_low"]) or _nan(row["ci_high"]):
-        why = row.get("reason") or "no resamples"
-        return f"the leak is {pp(est)} (no interval: {why})"
-    text = f"the leak is {pp(est)} ({ci_pp(row['ci_low'], row['ci_high'], level)})"
-    if not _excludes_zero(row["ci_low"], row["ci_high"]):
-        text += ", not distinguishable from zero"
-    return text
+    """'the leak is +13.0 pp (95% CI +9.1 to +16.8 pp)', with the caveats of the rules: the
+    reading registered with the ``leak`` estimand (`shortcutlab.stats.get_estimand`)."""
+    return get_estimand("leak").read(row, level)
 
 
 def removal_verdict(cut: float, cut_low: float, cut_high: float, share: float, leak: float, leak_low: float,
@@ -278,8 +253,7 @@ def accuracy_reading(per_model: pd.DataFrame, est: pd.DataFrame | None = None, l
     if est is not None and not est.empty:
         prot = est[(est["estimand"] == "protocol") & est["estimate"].notna()]
         prot = prot[(prot["arch"] == "pooled") | ~prot["condition"].isin(prot.loc[prot["arch"] == "pooled", "condition"])]
-        parts = [f"{r['condition']}: {pp(r['estimate'])} ({ci_pp(r['ci_low'], r['ci_high'], level)})"
-                 for _, r in prot.sort_values("condition").iterrows()]
+        parts = [get_estimand("protocol").read(r, level) for _, r in prot.sort_values("condition").iterrows()]
         if parts:
             text += "; the crop-level split (P1) minus the parent-disjoint split (P2) is " + ", ".join(parts)
     return text + "."
@@ -300,23 +274,13 @@ def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level:
             f"{pairs['R'].mean():.3f}")
     if "R_after" in pairs and pairs["R_after"].notna().any():
         ok = pairs.dropna(subset=["R_after"])
-        text += f" before and {ok['R_after'].mean():.3f} after {('LEACE ' + rank).strip()} erasure"
+        text += f" before and {ok['R_after'].mean():.3f} after {(diagnostic_label('leace') + ' ' + rank).strip()} erasure"
         if "gap_after" in ok and ok["gap_after"].notna().any():
             ok = ok.dropna(subset=["gap_after"])
             text += (f", while the gap of refitted heads goes from {pp(ok['gap_before'].mean())} to "
                      f"{pp(ok['gap_after'].mean())}")
     if slopes is not None and not slopes.empty:
-        parts = []
-        for _, r in slopes.sort_values("condition").iterrows():
-            if _nan(r["estimate"]):
-                parts.append(f"{r['condition']}: no slope ({r.get('reason') or 'no data'})")
-            elif r.get("n_clusters", 3) < MIN_SLOPE_SEEDS:
-                parts.append(f"{r['condition']}: {pp(r['estimate'] * 0.1)} per 0.1 of R (no interval with "
-                             f"{int(r['n_clusters'])} seed{'s' if r['n_clusters'] != 1 else ''})")
-            else:
-                parts.append(f"{r['condition']}: {pp(r['estimate'] * 0.1)} per 0.1 of R "
-                             f"({ci_pp(r['ci_low'] * 0.1, r['ci_high'] * 0.1, level)})"
-                             if not _nan(r["ci_low"]) else f"{r['condition']}: {pp(r['estimate'] * 0.1)} per 0.1 of R (no interval)")
+        parts = [get_estimand("slope").read(r, level) for _, r in slopes.sort_values("condition").iterrows()]
         text += "; the models' leak gap's slope on R is " + "; ".join(parts)
     return text + "."
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from shortcutlab.report.readings import headline_arch, intervention_rows, moves_verdict, removal_verdict
+from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, headline_arch, intervention_rows, moves_verdict,
+                                         removal_verdict)
 
 PAIR_KEYS = ["condition", "arch", "diversity", "seed"]
 
@@ -235,10 +236,12 @@ def validity_table(est: pd.DataFrame, results: pd.DataFrame | None = None, *, n_
     - ``erasure``: estimate = the leak gap of refitted heads before minus after LEACE erasure
       (the largest rank), share = that cut over the gap before, clean_cost = the clean
       heads' accuracy cost; verdict as for an intervention;
-    - ``gradcam``: estimate = leak-model minus clean-model Grad-CAM outside mass.
+    - one per metric a registered diagnostic declares in its ``leak_metrics`` (kind = the
+      diagnostic's name, e.g. ``gradcam``: leak-model minus clean-model Grad-CAM outside
+      mass), item "<label> <metric label>" as the diagnostic class names them.
 
     The diagnostic rows' intervals resample seeds (`seed_interval`; architectures averaged
-    within a seed for the pooled row); R and Grad-CAM get `readings.moves_verdict`.
+    within a seed for the pooled row); R and the leak metrics get `readings.moves_verdict`.
 
     Args:
         est: the estimates table (`shortcutlab.stats.estimates`).
@@ -249,6 +252,7 @@ def validity_table(est: pd.DataFrame, results: pd.DataFrame | None = None, *, n_
     """
     rows = []
     leaks = est[(est["estimand"] == "leak") & (est["intervention"] == "none") & est["estimate"].notna()]
+    sources = _diagnostic_sources(results)
     for condition in sorted(leaks["condition"].unique()):
         arch = headline_arch(est, condition)
         for diversity in sorted(leaks.loc[leaks["condition"] == condition, "diversity"].unique()):
@@ -258,48 +262,90 @@ def validity_table(est: pd.DataFrame, results: pd.DataFrame | None = None, *, n_
             lr = lr.iloc[0]
             head = dict(condition=condition, diversity=diversity, arch=arch, leak=lr["estimate"], leak_ci_low=lr["ci_low"],
                         leak_ci_high=lr["ci_high"])
-            for r in intervention_rows(est, condition, diversity, arch):
-                rows.append(dict(head, kind="intervention", item=r["setting"], estimate=r["cut"]["estimate"],
-                                 ci_low=r["cut"]["ci_low"], ci_high=r["cut"]["ci_high"], share=r["share"]["estimate"],
-                                 share_ci_low=r["share"]["ci_low"], share_ci_high=r["share"]["ci_high"],
-                                 clean_cost=r["cost"]["estimate"], cost_ci_low=r["cost"]["ci_low"],
-                                 cost_ci_high=r["cost"]["ci_high"], verdict=r["verdict"], n_seeds=lr["n_seeds"]))
-            if results is None or results.empty:
+            rows += _intervention_validity(est, head, lr["n_seeds"])
+            if sources is None:
                 continue
-            src = r_source(results)
-            if src is not None and src[0] == "parent_probe":
-                d = _pair_subset(paired(results, "parent_probe", "R", src[1]), condition, diversity, arch)
-                if len(d):
-                    m, lo, hi, k = seed_interval(d, "diff", n_boot, seed, level)
-                    rows.append(dict(head, kind="R", item=f"parent probe R ({src[1] or 'overall'})", estimate=m, ci_low=lo,
-                                     ci_high=hi, verdict=moves_verdict(lo, hi), n_seeds=k))
-            rank = leace_rank(results)
-            if rank is not None:
-                test = f"{rank},test_set=test"
-                b = paired(results, "leace", "accuracy_before", test)
-                a = paired(results, "leace", "accuracy_after", test)
-                j = b.merge(a, on=PAIR_KEYS, suffixes=("_b", "_a"))
-                j = _pair_subset(j, condition, diversity, arch)
-                if len(j):
-                    j = j.assign(cut=j["diff_b"] - j["diff_a"], cost=j["clean_b"] - j["clean_a"], gap=j["diff_b"])
-                    m, lo, hi, k = seed_interval(j, "cut", n_boot, seed, level)
-                    gap = float(j.groupby("seed")["gap"].mean().mean())
-                    cost = float(j.groupby("seed")["cost"].mean().mean())
-                    share = m / gap if gap else np.nan
-                    verdict = removal_verdict(m, lo, hi, share, lr["estimate"], lr["ci_low"], lr["ci_high"], cost)
-                    rows.append(dict(head, kind="erasure", item=f"LEACE {rank} (refitted heads)", estimate=m, ci_low=lo,
-                                     ci_high=hi, share=share, clean_cost=cost, verdict=verdict, n_seeds=k))
-            g = gradcam_rows(results)
-            if len(g):
-                d = _pair_subset(paired(results, "gradcam", "outside_mass", sorted(
-                    results.loc[(results["diagnostic"] == "gradcam") & (results["metric"] == "outside_mass"), "setting"].unique(),
-                    key=len)[0]), condition, diversity, arch)
-                if len(d):
-                    m, lo, hi, k = seed_interval(d, "diff", n_boot, seed, level)
-                    rows.append(dict(head, kind="gradcam", item="Grad-CAM outside mass", estimate=m, ci_low=lo, ci_high=hi,
-                                     verdict=moves_verdict(lo, hi), n_seeds=k))
+            boot = dict(n_boot=n_boot, seed=seed, level=level)
+            rows += _r_validity(results, sources, head, boot)
+            rows += _erasure_validity(results, sources, head, lr, boot)
+            rows += _leak_metric_validity(results, sources, head, boot)
     out = pd.DataFrame(rows, columns=VALIDITY_COLUMNS)
     return out
+
+
+def _diagnostic_sources(results: pd.DataFrame | None) -> dict | None:
+    """What the validity table reads in `results`, found once: the R source (`r_source`), the
+    LEACE rank (`leace_rank`) and, per registered diagnostic declaring ``leak_metrics``, each
+    metric's overall setting (the shortest naming no class); None without results."""
+    if results is None or results.empty:
+        return None
+    leak_metrics = []
+    names = set(results["diagnostic"].astype(str))
+    for name in sorted(names):
+        cls = diagnostic_class(name)
+        for metric in getattr(cls, "leak_metrics", ()):
+            r = results[(results["diagnostic"] == name) & (results["metric"] == metric)]
+            settings = [v for v in r["setting"].unique() if "class=" not in str(v)]
+            if settings:
+                leak_metrics.append((name, metric, sorted(settings, key=len)[0]))
+    return {"r": r_source(results), "rank": leace_rank(results), "leak_metrics": leak_metrics}
+
+
+def _intervention_validity(est: pd.DataFrame, head: dict, n_seeds) -> list[dict]:
+    return [dict(head, kind="intervention", item=r["setting"], estimate=r["cut"]["estimate"],
+                 ci_low=r["cut"]["ci_low"], ci_high=r["cut"]["ci_high"], share=r["share"]["estimate"],
+                 share_ci_low=r["share"]["ci_low"], share_ci_high=r["share"]["ci_high"],
+                 clean_cost=r["cost"]["estimate"], cost_ci_low=r["cost"]["ci_low"],
+                 cost_ci_high=r["cost"]["ci_high"], verdict=r["verdict"], n_seeds=n_seeds)
+            for r in intervention_rows(est, head["condition"], head["diversity"], head["arch"])]
+
+
+def _moves_row(values: pd.DataFrame, head: dict, kind: str, item: str, boot: dict) -> list[dict]:
+    """The row of one diagnostic metric's leak-minus-clean difference, if a pair has it."""
+    d = _pair_subset(values, head["condition"], head["diversity"], head["arch"])
+    if not len(d):
+        return []
+    m, lo, hi, k = seed_interval(d, "diff", boot["n_boot"], boot["seed"], boot["level"])
+    return [dict(head, kind=kind, item=item, estimate=m, ci_low=lo, ci_high=hi, verdict=moves_verdict(lo, hi), n_seeds=k)]
+
+
+def _r_validity(results: pd.DataFrame, sources: dict, head: dict, boot: dict) -> list[dict]:
+    """The parent probe's R row (the models' R where it comes from the parent probe)."""
+    src = sources["r"]
+    if src is None or src[0] != "parent_probe":
+        return []
+    item = f"{diagnostic_label('parent_probe', 'R')} ({src[1] or 'overall'})"
+    return _moves_row(paired(results, "parent_probe", "R", src[1]), head, "R", item, boot)
+
+
+def _erasure_validity(results: pd.DataFrame, sources: dict, head: dict, lr, boot: dict) -> list[dict]:
+    """The LEACE erasure row: the refitted heads' leak gap before minus after erasure."""
+    rank = sources["rank"]
+    if rank is None:
+        return []
+    test = f"{rank},test_set=test"
+    b = paired(results, "leace", "accuracy_before", test)
+    a = paired(results, "leace", "accuracy_after", test)
+    j = b.merge(a, on=PAIR_KEYS, suffixes=("_b", "_a"))
+    j = _pair_subset(j, head["condition"], head["diversity"], head["arch"])
+    if not len(j):
+        return []
+    j = j.assign(cut=j["diff_b"] - j["diff_a"], cost=j["clean_b"] - j["clean_a"], gap=j["diff_b"])
+    m, lo, hi, k = seed_interval(j, "cut", boot["n_boot"], boot["seed"], boot["level"])
+    gap = float(j.groupby("seed")["gap"].mean().mean())
+    cost = float(j.groupby("seed")["cost"].mean().mean())
+    share = m / gap if gap else np.nan
+    verdict = removal_verdict(m, lo, hi, share, lr["estimate"], lr["ci_low"], lr["ci_high"], cost)
+    return [dict(head, kind="erasure", item=f"{diagnostic_label('leace')} {rank} (refitted heads)", estimate=m, ci_low=lo,
+                 ci_high=hi, share=share, clean_cost=cost, verdict=verdict, n_seeds=k)]
+
+
+def _leak_metric_validity(results: pd.DataFrame, sources: dict, head: dict, boot: dict) -> list[dict]:
+    """One row per leak metric a registered diagnostic declares (`Diagnostic.leak_metrics`)."""
+    rows = []
+    for name, metric, setting in sources["leak_metrics"]:
+        rows += _moves_row(paired(results, name, metric, setting), head, name, diagnostic_label(name, metric), boot)
+    return rows
 
 
 # --- the audit card ------------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""Dose-response: the OLS slope of a gap on parent recoverability R with a cluster-bootstrap
+interval (the paper's F5-F8), and the points it is fitted on."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from shortcutlab.errors import first_rows
+
+from .bootstrap import estimate_row, finish_rows, multinomial_weights
+from .errors import StatsError
+from .factorial import factorial_rows
+from .predictions import check_predictions, need_columns
+
+__all__ = ["DOSE_COLUMNS", "dose_points", "dose_response"]
+
+DOSE_COLUMNS = ["estimand", "estimate", "intercept", "ci_low", "ci_high", "se", "p_value", "n_points", "n_clusters",
+                "n_boot", "reason"]
+
+
+def dose_response(frame: pd.DataFrame, *, x: str = "R", y: str = "gap", cluster: str | Sequence[str] = "seed",
+                  by: Sequence[str] = (), n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """OLS slope of `y` on `x` with a cluster-bootstrap interval (the paper's F5-F8, "gap tracks R").
+
+    The slope is cov(x, y) / var(x) over the points (one row each). Resamples draw the clusters
+    (e.g. seeds: the points of one seed share its data and split) with replacement and refit;
+    with per-cluster sums of 1, x, y, xy and x^2 every refit is a matrix product. Percentile
+    interval and bootstrap p-value as in `bootstrap_summary`; resamples with no spread in x
+    are left out (counted in n_boot).
+
+    Args:
+        frame: one row per point, with columns x, y, the cluster column(s) and `by`.
+        x, y: regressor and response (e.g. R and the leak gap, both fractions).
+        cluster: resampled unit(s).
+        by: columns to fit separately (one row each).
+        n_boot, level, seed: as in `leak_effect`.
+
+    Returns:
+        One row per group: `by` columns, estimand ('slope'), estimate, intercept, ci_low, ci_high,
+        se, p_value, n_points, n_clusters, n_boot, reason.
+    """
+    clusters = [cluster] if isinstance(cluster, str) else list(cluster)
+    by = list(by)
+    need_columns(frame, [x, y] + clusters + by, "dose-response frame")
+    for col in (x, y):
+        vals = pd.to_numeric(frame[col], errors="coerce")
+        bad = ~np.isfinite(vals.to_numpy(dtype=float))
+        if bad.any():
+            value = frame[col][bad].iloc[0]
+            value = float(value) if isinstance(value, (float, np.floating)) else value
+            raise StatsError(f"dose-response column {col!r} holds {value!r} in {first_rows(np.asarray(bad, dtype=bool))}; "
+                             f"expected a finite number")
+    rows = []
+    groups = frame.groupby(by, sort=True) if by else [((), frame)]
+    for key, sub in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        head = dict(zip(by, key))
+        code, uniq = pd.factorize(sub[clusters].astype(str).agg("\x1f".join, axis=1))
+        G = len(uniq)
+        xs, ys = sub[x].to_numpy(float), sub[y].to_numpy(float)
+        parts = np.stack([np.bincount(code, weights=w, minlength=G) for w in (np.ones_like(xs), xs, ys, xs * ys,
+                                                                             xs * xs)], axis=1)   # (G, 5)
+        est, icpt = _slope(parts.sum(0)[None])
+        est, icpt = float(est[0]), float(icpt[0])
+        reason = ""
+        if not np.isfinite(est):
+            reason = f"{x!r} does not vary: no slope"
+        elif G < 2:
+            reason = f"{G} cluster(s) of {clusters}: no interval"
+        if reason or n_boot <= 0:
+            r = estimate_row(est, None, level, reason, estimand="slope", **head)
+        else:
+            W = multinomial_weights(np.random.default_rng(seed), G, n_boot)
+            rep, _ = _slope(W @ parts)
+            r = estimate_row(est, rep, level, "", estimand="slope", **head)
+        r.update(intercept=icpt, n_points=len(sub), n_clusters=G)
+        rows.append(r)
+    return finish_rows(rows, by + DOSE_COLUMNS)
+
+
+def _slope(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """OLS slope and intercept from weighted sums (n, Sx, Sy, Sxy, Sxx), one row each."""
+    n, sx, sy, sxy, sxx = s.T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        vxx = sxx - sx * sx / n
+        slope = np.where(vxx > 1e-12 * np.maximum(sxx, 1e-300), (sxy - sx * sy / n) / vxx, np.nan)
+        return slope, (sy - slope * sx) / n
+
+
+def dose_points(predictions: pd.DataFrame, results: pd.DataFrame, *, diagnostic: str = "parent_probe",
+                metric: str = "R", setting: str | None = None, intervention: str = "none") -> pd.DataFrame:
+    """Points of the leak-gap dose-response: one per factorial pair (condition, arch, diversity, seed).
+
+    gap = leak-model accuracy minus clean-model accuracy of the pair on their common test crops
+    (under `intervention`); R = the leak model's `metric` from `diagnostic` rows with `setting`
+    (None, the default: the diagnostic's overall value, i.e. its shortest setting that names no
+    class, such as the parent probe's ``on=all``). Pairs without an R row are left out.
+
+    Returns:
+        columns condition, arch, diversity, seed, gap, R.
+    """
+    pred = check_predictions(predictions)
+    need_columns(results, ["model", "diagnostic", "metric", "setting", "value"], "results")
+    fac, _ = factorial_rows(pred[pred["intervention"] == intervention])
+    keys = ["condition", "arch", "diversity", "seed"]
+    acc = fac.groupby(keys + ["exposure"])["correct"].mean().unstack("exposure")
+    if acc.empty or not {"leak", "clean"} <= set(acc.columns):
+        return pd.DataFrame(columns=keys + ["gap", "R"])
+    gap = (acc["leak"] - acc["clean"]).rename("gap").dropna().reset_index()
+    sel = results[(results["diagnostic"] == diagnostic) & (results["metric"] == metric)]
+    settings = sel["setting"].fillna("").astype(str)
+    if setting is None:
+        overall = sorted({v for v in settings if "class=" not in v}, key=lambda v: (len(v), v))
+        setting = overall[0] if overall else ""
+    sel = sel[settings == setting]
+    r = sel.groupby(sel["model"].astype(str))["value"].mean()
+    leak_model = fac[fac["exposure"] == "leak"].groupby(keys)["model"].first().rename("model").reset_index()
+    out = gap.merge(leak_model, on=keys)
+    out["R"] = out["model"].map(r)
+    return out.dropna(subset=["R"])[keys + ["gap", "R"]].reset_index(drop=True)
