@@ -159,10 +159,19 @@ def test_get_executor_by_name():
         get_executor("dask")
 
 
-def test_executor_registry_rules_and_plugins(tmp_path, monkeypatch):
+SWEEP_YAML = """data:
+  synthetic: {mechanisms: [color], fields_per_class: 4, crop_size: 16}
+split: {protocol: factorial}
+seeds: [0]
+models:
+  - {arch: test_resnet, epochs: 1}
+"""
+
+
+def test_executor_registry_rules_and_plugins(tmp_path, monkeypatch, capsys):
     """Executors share the plug-in registry's rules; a third-party executor joins through the
     entry-point group, `sweep --executor` offers it and hands it only the options it takes."""
-    from shortcutlab.cli import _sweep_executor, build_parser
+    from shortcutlab.cli import main
     from shortcutlab.sweep.executors import ExecutorError
 
     assert {"local", "ray"} <= set(executors.available())
@@ -199,13 +208,21 @@ def test_executor_registry_rules_and_plugins(tmp_path, monkeypatch):
             loaded = executors.load_entry_points(force=True)
         assert loaded == ["serial"] and "serial" in executors.available()
         check_executor(executors.get_class("serial"))
-        parser = build_parser()
-        ex = _sweep_executor(parser.parse_args(["sweep", "c.yaml", "--out", "o", "--executor", "serial", "--workers", "3"]))
-        assert type(ex).__name__ == "Serial" and ex.name == "serial" and ex.workers == 3
-        with pytest.raises(ShortcutlabError, match="^--address is for --executor ray$"):
-            _sweep_executor(parser.parse_args(["sweep", "c.yaml", "--out", "o", "--executor", "serial", "--address", "auto"]))
-        with pytest.raises(ShortcutlabError, match="^--workers is for --executor local or serial$"):
-            _sweep_executor(parser.parse_args(["sweep", "c.yaml", "--out", "o", "--executor", "ray", "--workers", "2"]))
+        # the CLI offers it and hands it --workers (run_sweep replaced: only the executor matters)
+        made = []
+        monkeypatch.setattr("shortcutlab.sweep.runner.run_sweep", lambda cfg, out, ex, progress: made.append(ex) or
+                            {"n_tasks": 0, "done_before": {}, "n_models": 0, "seconds": 0.0})
+        config = tmp_path / "sweep.yaml"
+        config.write_text(SWEEP_YAML)
+        sweep = ["sweep", str(config), "--out", str(tmp_path / "out"), "--quiet"]
+        assert main([*sweep, "--executor", "serial", "--workers", "3"]) == 0
+        assert len(made) == 1 and type(made[0]).__name__ == "Serial" and made[0].name == "serial" and made[0].workers == 3
+        capsys.readouterr()
+        assert main([*sweep, "--executor", "serial", "--address", "auto"]) == 2
+        assert capsys.readouterr().err.strip() == "shortcutlab sweep: error: --address is for --executor ray"
+        assert main([*sweep, "--executor", "ray", "--workers", "2"]) == 2
+        assert capsys.readouterr().err.strip() == "shortcutlab sweep: error: --workers is for --executor local or serial"
+        assert len(made) == 1
     finally:
         executors.unregister("serial")
     assert "serial" not in executors.available()
