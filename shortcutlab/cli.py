@@ -700,8 +700,36 @@ def _sweep_limits(items) -> dict:
     return out
 
 
+#: `sweep` options handed to the executor, by the executor option each one sets.
+_EXECUTOR_FLAGS = {"workers": "--workers", "address": "--address"}
+
+
+def _executor_flag_help(option: str) -> str:
+    """'for --executor NAME' naming the registered executors that take `option`."""
+    from shortcutlab.sweep import executors
+
+    owners = [n for n in executors.available() if option in executors.options(n)]
+    return f"for --executor {' or '.join(owners) or '(none registered)'}"
+
+
+def _sweep_executor(args):
+    """The executor of `sweep`: the registered one named by --executor, made with the options
+    given for it (--workers, --address); one it does not take is refused, naming those that do."""
+    from shortcutlab.sweep import executors
+
+    takes = executors.options(args.executor)
+    opts = {}
+    for option, flag in _EXECUTOR_FLAGS.items():
+        value = getattr(args, option)
+        if value is None:
+            continue
+        if option not in takes:
+            raise ShortcutlabError(f"{flag} is {_executor_flag_help(option)}")
+        opts[option] = value
+    return executors.get_executor(args.executor, **opts)
+
+
 def cmd_sweep(args) -> int:
-    from shortcutlab.sweep import get_executor
     from shortcutlab.sweep.config import load_config
     from shortcutlab.sweep.runner import run_sweep
 
@@ -712,7 +740,7 @@ def cmd_sweep(args) -> int:
 
         raw = dict(cfg.raw, device=args.device)
         cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)), limits=limits)
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ShortcutlabError(f"--workers must be a positive integer; got {args.workers}")
     if args.dry_run:
         summary = run_sweep(cfg, args.out, dry_run=True)
@@ -725,14 +753,7 @@ def cmd_sweep(args) -> int:
                   "again (the device is part of a train task's id: results can differ across devices)")
         return 0
     _check_output_folder(args.out, "--out")
-    if args.executor == "ray":
-        opts = {"address": args.address} if args.address else {}
-        executor = get_executor("ray", **opts)
-    else:
-        if args.address:
-            raise ShortcutlabError("--address is for --executor ray")
-        executor = get_executor("local", workers=args.workers)
-    summary = run_sweep(cfg, args.out, executor, progress=not args.quiet)
+    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet)
     ran = summary["n_tasks"] - sum(summary["done_before"].values())
     print(f"sweep: {summary['n_tasks']} tasks ({ran} run now, {summary['n_tasks'] - ran} already done), "
           f"{summary['n_models']} models, {summary['seconds']:.1f} s")
@@ -963,9 +984,12 @@ def _add_sweep_command(sub) -> None:
     w.add_argument("config", metavar="CONFIG.yaml")
     w.add_argument("--out", required=True, metavar="DIR", help="sweep folder (a sweep started again there resumes)")
     w.add_argument("--dry-run", action="store_true", help="print the tasks and their counts (done ones marked); run nothing")
-    w.add_argument("--workers", type=int, default=1, metavar="N", help="local executor: processes running tasks (default 1: in this process)")
-    w.add_argument("--executor", choices=("local", "ray"), default="local")
-    w.add_argument("--address", help="ray: cluster address (default: a local Ray instance)")
+    from shortcutlab.sweep import executors  # the choices are the registered executors
+
+    w.add_argument("--workers", type=int, metavar="N", help=f"{_executor_flag_help('workers')}: processes running tasks (default 1: in this process)")
+    w.add_argument("--executor", choices=executors.available(), default=executors.DEFAULT_EXECUTOR,
+                   help=f"what runs the tasks (default {executors.DEFAULT_EXECUTOR})")
+    w.add_argument("--address", help=f"{_executor_flag_help('address')}: cluster address (default: a local instance)")
     w.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, mps)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.add_argument("--limit", action="append", metavar="NAME=N",

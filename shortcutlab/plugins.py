@@ -1,6 +1,7 @@
 """A name -> class registry open to third-party plug-ins through an entry-point group.
 
-Interventions (`interventions.registry`) and diagnostics (`probes.registry`) both use it:
+Interventions (`interventions.registry`), diagnostics (`probes.registry`) and sweep executors
+(`shortcutlab.sweep.executors.registry`) all use it:
 built-ins register with a decorator when their package is imported; other packages join
 through an entry-point group whose entries name a class (registered under the entry point's
 name) or a module whose import registers its classes.
@@ -45,10 +46,14 @@ class Registry:
         base: the class every entry must subclass.
         group: the entry-point group plug-ins join through.
         error: the exception type raised for bad names and parameters.
+        protocol: `base` is a `typing.Protocol`: a class joins when it has every public method
+            the protocol declares (duck typing: an executor needs no base class), instead of
+            subclassing `base`.
     """
 
-    def __init__(self, kind: str, base: type, group: str, error: type[Exception]) -> None:
+    def __init__(self, kind: str, base: type, group: str, error: type[Exception], *, protocol: bool = False) -> None:
         self.kind, self.base, self.group, self.error = kind, base, group, error
+        self.protocol = protocol
         self._classes: dict[str, type] = {}
         self._sources: dict[str, str] = {}
         self._entry_points_loaded = False
@@ -62,8 +67,18 @@ class Registry:
 
         return deco
 
+    def _methods(self) -> list[str]:
+        """The public methods a class must have to follow the protocol `base`."""
+        return sorted(n for n, v in vars(self.base).items() if callable(v) and not n.startswith("_"))
+
     def add(self, name: str, cls) -> None:
-        if not (inspect.isclass(cls) and issubclass(cls, self.base)):
+        """Register `cls` under `name` (what `register` does); see `register` for the errors."""
+        if self.protocol:
+            missing = [m for m in self._methods() if not callable(getattr(cls, m, None))] if inspect.isclass(cls) else self._methods()
+            if missing:
+                raise self.error(f"only classes with the methods of {self.base.__name__} ({', '.join(self._methods())}) can be registered; "
+                                 f"{name!r} is {cls!r}, which lacks {', '.join(missing)}")
+        elif not (inspect.isclass(cls) and issubclass(cls, self.base)):
             raise self.error(f"only {self.base.__name__} subclasses can be registered; {name!r} is {cls!r}")
         if not name or not name.isidentifier():
             raise self.error(f"{_a(self.kind)} name must be a non-empty identifier; got {name!r} for {_source(cls)}")
@@ -107,7 +122,7 @@ class Registry:
             return self._classes[name]
         except KeyError:
             close = difflib.get_close_matches(str(name), list(self._classes), n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else "."
             raise self.error(f"unknown {self.kind} {name!r}{hint} Available: {', '.join(sorted(self._classes))}") from None
 
     def get(self, name: str, **params: Any):

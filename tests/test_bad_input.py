@@ -2582,3 +2582,34 @@ def test_a_diagnostic_leak_metric_must_be_a_fraction():
 
             def run(self, ctx):
                 return []
+# --- issue 21: executors on the plug-in registry, contract checks (shortcutlab.testing) ---------
+from shortcutlab.sweep.executors import ExecutorError as _ExecutorError  # noqa: E402
+from shortcutlab.sweep.executors import get_executor as _get_executor  # noqa: E402
+from shortcutlab.sweep.executors import register as _register_executor  # noqa: E402
+
+
+def _executor_without_run(tmp_path):
+    _register_executor("idle")(type("Idle", (), {}))
+
+
+I21_EXECUTOR_CASES = [
+    Case("i21-executor-unknown", lambda p: _get_executor("dask"), _ExecutorError, ("unknown executor 'dask'", "available: local, ray")),
+    Case("i21-executor-close-match", lambda p: _get_executor("locl"), _ExecutorError, ("'locl'", "did you mean 'local'")),
+    Case("i21-executor-option-not-taken", lambda p: _get_executor("local", address="auto"), _ExecutorError, ("'local'", "'address'", "it takes: workers")),
+    Case("i21-executor-without-run", _executor_without_run, _ExecutorError, ("'idle'", "lacks run")),
+]
+
+
+@pytest.mark.parametrize("case", I21_EXECUTOR_CASES, ids=[c.id for c in I21_EXECUTOR_CASES])
+def test_i21_executor_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--executor", "ray", "--workers", "2"], "--workers is for --executor local"),
+    (["--executor", "local", "--address", "auto"], "--address is for --executor ray"),
+], ids=["workers-for-ray", "address-for-local"])
+def test_i21_cli_sweep_executor_options_are_checked_before_any_work(argv, expected, tmp_path, capsys):
+    line = cli_error(["sweep", _sweep_config(tmp_path, _SWEEP_YAML), "--out", str(tmp_path / "out"), *argv], capsys)
+    assert line.startswith("shortcutlab sweep: error: ") and line.endswith(expected), line
+    assert not (tmp_path / "out").exists()  # nothing run, nothing written

@@ -1,4 +1,5 @@
-"""One contract test over every registered intervention (kornia's tester, sklearn's check_estimator).
+"""One contract test over every registered intervention (kornia's tester, sklearn's check_estimator):
+`shortcutlab.testing.check_intervention`, which plug-in authors run in their own tests.
 
 Every name in `interventions.available()` must appear in `PARAMS` (constructor arguments for
 the test) and, when label-conditioned, in `CONTEXT` (per-batch keyword arguments): a new
@@ -7,15 +8,12 @@ intervention that is not added here fails `test_every_intervention_is_covered`.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 import interventions
 from interventions import InterventionError
-
-B, H, W = 4, 24, 24
+from shortcutlab.testing import check_intervention, synthetic_batch
 
 # Constructor arguments used by the contract test (defaults where None).
 PARAMS: dict[str, dict] = {
@@ -45,24 +43,8 @@ DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.device)] if torch.c
 NAMES = interventions.available()
 
 
-def _batch(dtype=torch.float32, device="cpu", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(B, 3, H, W, generator=g, dtype=torch.float64)
-    yy, xx = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
-    r2 = (yy - H / 2 + 0.5) ** 2 + (xx - W / 2 + 0.5) ** 2
-    mask = (r2 < (H / 3) ** 2).to(torch.float64).expand(B, 1, H, W).clone()
-    # a darker, purplish cell on a bright background, so stain methods find tissue
-    x = mask * (0.35 + 0.3 * x * torch.tensor([1.0, 0.6, 1.0]).view(1, 3, 1, 1)) + (1 - mask) * (0.8 + 0.15 * x)
-    return x.to(device=device, dtype=dtype), mask.to(device=device, dtype=dtype)
-
-
 def _make(name):
     return interventions.get(name, **PARAMS.get(name, {}))
-
-
-def _call(t, x, mask, **kw):
-    ctx = CONTEXT[t.name](x) if t.label_conditioned else {}
-    return t(x, mask, **ctx, **kw)
 
 
 def test_every_intervention_is_covered():
@@ -72,43 +54,12 @@ def test_every_intervention_is_covered():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("name", NAMES)
-def test_shape_dtype_device_range(name, dtype, device):
-    x, mask = _batch(dtype, device)
-    t = _make(name).to(device)
-    g = torch.Generator().manual_seed(1) if t.stochastic else None
-    before, mask_before = x.clone(), mask.clone()
-    y = _call(t, x, mask, generator=g)
-    assert torch.equal(x, before) and torch.equal(mask, mask_before), "the input batch or mask was modified in place"
-    assert y.shape == x.shape and y.dtype == dtype and y.device == x.device
-    assert torch.isfinite(y).all()
-    assert float(y.min()) >= 0.0 and float(y.max()) <= 1.0
-    assert not y.requires_grad or x.requires_grad
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize(
-    "name, with_mask",
-    [(n, m) for n in NAMES for m in (True, False) if m or not interventions.get_class(n).requires_mask],
-    ids=lambda v: {True: "mask", False: "no_mask"}.get(v, v) if isinstance(v, bool) else v,
-)
-def test_an_empty_batch_gives_an_empty_batch(name, with_mask, dtype):
-    """B = 0 (the last, empty chunk of a batched pipeline) is valid input: every intervention
-    returns an empty (0, 3, H, W) batch of the same dtype, silently, with empty draws and flags."""
-    x, mask = _batch(dtype)
-    x, mask = x[:0], mask[:0]
-    t = _make(name)
-    g = torch.Generator().manual_seed(0) if t.stochastic else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        y = _call(t, x, mask if with_mask else None, generator=g)
-    assert y.shape == (0, 3, H, W) and y.dtype == dtype and y.device == x.device
-    if t.stochastic:
-        assert all(v.shape[0] == 0 for v in t.last_params.values() if isinstance(v, torch.Tensor))
-        torch.testing.assert_close(_call(t, x, mask if with_mask else None, params=t.last_params), y)
-    if t.last_applicable is not None:
-        assert t.last_applicable.shape == (0,) and t.last_applicable.dtype == torch.bool
+def test_every_intervention_keeps_the_contract(name, device):
+    """`shortcutlab.testing.check_intervention`: shape, dtype, device and range (float32 and
+    float64, input untouched; also on the GPU where there is one), the empty batch,
+    determinism and replay, masks, bad input."""
+    check_intervention(_make(name), context=CONTEXT.get(name), device=device)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -116,68 +67,6 @@ def test_function_twin_is_exported(name):
     cls = interventions.get_class(name)
     twin = getattr(interventions, name, None)
     assert callable(twin) and not isinstance(twin, type), f"interventions.{name} (the function twin of {cls.__name__}) is missing"
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_determinism_and_replay(name):
-    x, mask = _batch()
-    t = _make(name)
-    if not t.stochastic:
-        torch.testing.assert_close(_call(t, x, mask), _call(t, x, mask), rtol=0, atol=0)
-        with pytest.raises(InterventionError, match="deterministic"):
-            _call(t, x, mask, params={})
-        return
-    a = _call(t, x, mask, generator=torch.Generator().manual_seed(7))
-    params = t.last_params
-    b = _call(t, x, mask, generator=torch.Generator().manual_seed(7))
-    c = _call(t, x, mask, generator=torch.Generator().manual_seed(8))
-    torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert not torch.equal(a, c), "a different seed should give a different draw"
-    torch.testing.assert_close(_call(t, x, mask, params=params), a, rtol=0, atol=0)
-    # the constructor's generator is used when the call gives none
-    t2 = interventions.get(name, **PARAMS.get(name, {}), generator=torch.Generator().manual_seed(7))
-    torch.testing.assert_close(_call(t2, x, mask), a, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_mask_handling(name):
-    x, mask = _batch()
-    t = _make(name)
-    g = torch.Generator().manual_seed(0) if t.stochastic else None
-    if t.requires_mask:
-        with pytest.raises(InterventionError, match="mask"):
-            _call(t, x, None)
-    else:
-        _call(t, x, None, generator=g)
-    with pytest.raises(InterventionError, match=r"\(B, 1, H, W\)"):
-        _call(t, x, mask[..., :-1], generator=g)
-    with pytest.raises(InterventionError, match="mask"):
-        _call(t, x, mask * 2.0, generator=g)
-    # bool masks are accepted and mean the same as 0/1 floats
-    torch.testing.assert_close(
-        _call(t, x, mask.bool(), generator=torch.Generator().manual_seed(0) if t.stochastic else None),
-        _call(t, x, mask, generator=torch.Generator().manual_seed(0) if t.stochastic else None),
-    )
-
-
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize(
-    "bad, message",
-    [
-        (lambda x: (x * 255).to(torch.uint8), "float"),
-        (lambda x: x[0], r"\(B, 3, H, W\)"),
-        (lambda x: x[:, :2], r"\(B, 3, H, W\)"),
-        (lambda x: x * 2.0, r"\[0, 1\]"),
-        (lambda x: x.clone().fill_(float("nan")), r"\[0, 1\]"),
-        (lambda x: x[:, :, :0], r"at least 1 x 1 pixel"),
-    ],
-    ids=["uint8", "rank3", "two_channels", "above_one", "nan", "zero_height"],
-)
-def test_bad_input_is_rejected(name, bad, message):
-    x, mask = _batch()
-    t = _make(name)
-    with pytest.raises(InterventionError, match=message):
-        _call(t, bad(x), mask)
 
 
 def test_registry_errors_and_plugins(tmp_path, monkeypatch):
@@ -208,7 +97,7 @@ def test_registry_errors_and_plugins(tmp_path, monkeypatch):
         with pytest.warns(UserWarning, match="'broken'"):
             loaded = interventions.load_entry_points(force=True)
         assert loaded == ["invert"] and "invert" in interventions.available()
-        x, _ = _batch()
+        x, _ = synthetic_batch()
         torch.testing.assert_close(interventions.get("invert")(x), 1 - x)
     finally:
         interventions.unregister("invert")

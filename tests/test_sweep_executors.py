@@ -19,7 +19,8 @@ import pytest
 
 from shortcutlab.errors import ShortcutlabError
 from shortcutlab.io import write_text
-from shortcutlab.sweep import LocalExecutor, Task, TaskFailed, TaskGraph, get_executor
+from shortcutlab.sweep import LocalExecutor, Task, TaskFailed, TaskGraph, executors, get_executor
+from shortcutlab.testing import check_executor
 
 
 # --- the toy task (module level: process pools and Ray workers import it by name) ------------
@@ -103,37 +104,32 @@ def run_with(executor, graph: TaskGraph, folder) -> list[tuple[str, dict]]:
     return calls
 
 
+# --- the contract (`shortcutlab.testing.check_executor`) over every registered executor ------------
+EXECUTORS = [pytest.param(n, marks=pytest.mark.slow) if n == "ray" else n for n in executors.available()]
+
+
+@pytest.mark.parametrize("name", EXECUTORS)
+def test_every_registered_executor_keeps_the_contract(name, request):
+    """Outputs equal to the plain recursion's, on_done once per task (dependencies first, in
+    this process), a failure raising TaskFailed naming the task and cause with no dependant run."""
+    if name == "ray":
+        check_executor(request.getfixturevalue("ray_session"))  # the module's 2-CPU Ray
+    else:
+        check_executor(executors.get_class(name))
+
+
+def test_the_local_pool_keeps_the_contract():
+    check_executor(LocalExecutor(workers=2))
+
+
 # --- LocalExecutor ---------------------------------------------------------------------------
-@pytest.mark.parametrize("workers", [1, 2])
-def test_local_outputs_match_the_recursion_and_each_task_reports_once(workers, tmp_path):
-    graph, ids = diamond()
-    calls = run_with(LocalExecutor(workers=workers), graph, tmp_path / "out")
-    expected = expected_outputs(graph)
-    assert outputs(tmp_path / "out") == expected
-    assert sorted(tid for tid, _ in calls) == sorted(ids.values())
-    for tid, result in calls:
-        assert result == {"name": graph[tid].params["name"], "digest": expected[f"{tid}.txt"][:12]}
-    position = {tid: i for i, (tid, _) in enumerate(calls)}
-    for t in graph.ordered():
-        assert all(position[d] < position[t.id] for d in t.deps)
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-def test_local_failure_names_the_task_and_cause_and_runs_no_dependant(workers, tmp_path):
+def test_local_in_process_stops_at_the_failure(tmp_path):
+    """In process (workers=1) the tasks run strictly in order: nothing after the failed one."""
     graph, ids = diamond(fail="b")
-    out = tmp_path / "out"
-    out.mkdir()
     calls: list[str] = []
-    with pytest.raises(TaskFailed) as info:
-        LocalExecutor(workers=workers).run(graph.ordered(), functools.partial(toy, str(out)), lambda t, r: calls.append(t.id))
-    e = info.value
-    assert e.task.id == ids["b"] and isinstance(e.cause, ValueError)
-    assert str(e) == f"toy task {ids['b']} failed: ValueError: planted failure in b"
-    assert ids["d"] not in calls and not (out / f"{ids['d']}.txt").exists()
-    # every task that ran to the end was reported (running tasks finish; on_done still called)
-    assert sorted(calls) == sorted(p.stem for p in out.glob("*.txt"))
-    if workers == 1:  # in process: strictly in order, nothing after the failure
-        assert calls == [ids["a"]]
+    with pytest.raises(TaskFailed, match=f"toy task {ids['b']} failed: ValueError: planted failure in b"):
+        LocalExecutor(workers=1).run(graph.ordered(), functools.partial(toy, str(tmp_path)), lambda t, r: calls.append(t.id))
+    assert calls == [ids["a"]]
 
 
 def test_local_refuses_a_task_before_its_dependency():
@@ -161,6 +157,88 @@ def test_get_executor_by_name():
     assert isinstance(get_executor("local", workers=2), LocalExecutor)
     with pytest.raises(ShortcutlabError, match="unknown executor 'dask'"):
         get_executor("dask")
+
+
+SWEEP_YAML = """data:
+  synthetic: {mechanisms: [color], fields_per_class: 4, crop_size: 16}
+split: {protocol: factorial}
+seeds: [0]
+models:
+  - {arch: test_resnet, epochs: 1}
+"""
+
+
+def test_executor_registry_rules_and_plugins(tmp_path, monkeypatch, capsys):
+    """Executors share the plug-in registry's rules; a third-party executor joins through the
+    entry-point group, `sweep --executor` offers it and hands it only the options it takes."""
+    from shortcutlab.cli import main
+    from shortcutlab.sweep.executors import ExecutorError
+
+    assert {"local", "ray"} <= set(executors.available())
+    with pytest.raises(ExecutorError, match=r"unknown executor 'rey'; did you mean 'ray'\? Available: local, ray"):
+        get_executor("rey")
+    with pytest.raises(ExecutorError, match="executor 'local' takes no parameter 'address'; it takes: workers"):
+        get_executor("local", address="auto")
+    with pytest.raises(ExecutorError, match="already registered by shortcutlab.sweep.executors.local.LocalExecutor"):
+        executors.register("local")(type("Other", (), {"run": lambda self, tasks, fn, on_done=None: None}))
+    with pytest.raises(ExecutorError, match="lacks run"):
+        executors.register("idle")(type("Idle", (), {}))
+
+    dist = tmp_path / "fake_exec-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-exec\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[{executors.ENTRY_POINT_GROUP}]\nserial = fake_exec_mod:Serial\nbroken = fake_exec_mod:Missing\n")
+    (tmp_path / "fake_exec_mod.py").write_text(
+        "from shortcutlab.sweep import TaskFailed\n"
+        "class Serial:\n"
+        "    def __init__(self, workers=1):\n"
+        "        self.workers = workers\n"
+        "    def run(self, tasks, fn, on_done=None):\n"
+        "        for t in tasks:\n"
+        "            try:\n"
+        "                r = fn(t)\n"
+        "            except Exception as e:\n"
+        "                raise TaskFailed(t, e) from e\n"
+        "            if on_done:\n"
+        "                on_done(t, r)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.warns(UserWarning, match="'broken'"):
+            loaded = executors.load_entry_points(force=True)
+        assert loaded == ["serial"] and "serial" in executors.available()
+        check_executor(executors.get_class("serial"))
+        # the CLI offers it and hands it --workers (run_sweep replaced: only the executor matters)
+        made = []
+        monkeypatch.setattr("shortcutlab.sweep.runner.run_sweep", lambda cfg, out, ex, progress: made.append(ex) or
+                            {"n_tasks": 0, "done_before": {}, "n_models": 0, "seconds": 0.0})
+        config = tmp_path / "sweep.yaml"
+        config.write_text(SWEEP_YAML)
+        sweep = ["sweep", str(config), "--out", str(tmp_path / "out"), "--quiet"]
+        assert main([*sweep, "--executor", "serial", "--workers", "3"]) == 0
+        assert len(made) == 1 and type(made[0]).__name__ == "Serial" and made[0].name == "serial" and made[0].workers == 3
+        capsys.readouterr()
+        assert main([*sweep, "--executor", "serial", "--address", "auto"]) == 2
+        assert capsys.readouterr().err.strip() == "shortcutlab sweep: error: --address is for --executor ray"
+        assert main([*sweep, "--executor", "ray", "--workers", "2"]) == 2
+        assert capsys.readouterr().err.strip() == "shortcutlab sweep: error: --workers is for --executor local or serial"
+        assert len(made) == 1
+    finally:
+        executors.unregister("serial")
+    assert "serial" not in executors.available()
+
+
+def test_registering_the_ray_executor_imports_no_ray():
+    """`import shortcutlab.sweep` registers 'ray' and the CLI lists it without importing Ray."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from shortcutlab.cli import build_parser; build_parser(); "
+            "from shortcutlab.sweep import executors; executors.get_class('ray'); print('ray' in sys.modules)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"
 
 
 # --- RayExecutor (one local 2-CPU Ray for the module) ----------------------------------------

@@ -1,24 +1,17 @@
-"""Executors: what runs a sweep's tasks. The contract is in `base`; `local` and `ray` follow it.
+"""Executors: what runs a sweep's tasks. The contract is in `base`; `local` and `ray` follow it
+and are registered by name in `registry` (``get_executor("local", workers=2)``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from shortcutlab.sweep.executors.base import DoneFn, Executor, ExecutorError, TaskFailed, TaskFn, check_order
+from shortcutlab.sweep.executors.registry import DEFAULT_EXECUTOR, ENTRY_POINT_GROUP, available, get_class, get_executor, load_entry_points, options, register, unregister
 
-from shortcutlab.errors import ShortcutlabError
-from shortcutlab.sweep.executors.base import DoneFn, Executor, TaskFailed, TaskFn, check_order
+# Built-ins register themselves on import (the ray module imports Ray only when one is made).
 from shortcutlab.sweep.executors.local import LocalExecutor
+from shortcutlab.sweep.executors.ray import RayExecutor  # registers "ray"
 
-
-def get_executor(name: str = "local", **options: Any) -> Executor:
-    """An executor by name: 'local' (options: workers) or 'ray' (options: address, ...)."""
-    if name == "local":
-        return LocalExecutor(**options)
-    if name == "ray":
-        from shortcutlab.sweep.executors.ray import RayExecutor
-
-        return RayExecutor(**options)
-    raise ShortcutlabError(f"unknown executor {name!r}; expected 'local' or 'ray'")
-
-
-__all__ = ["DoneFn", "Executor", "LocalExecutor", "TaskFailed", "TaskFn", "check_order", "get_executor"]
+__all__ = [
+    "DEFAULT_EXECUTOR", "DoneFn", "ENTRY_POINT_GROUP", "Executor", "ExecutorError", "LocalExecutor", "RayExecutor", "TaskFailed", "TaskFn",
+    "available", "check_order", "get_class", "get_executor", "load_entry_points", "options", "register", "unregister",
+]

@@ -13,8 +13,10 @@ The contract, shared by every executor:
 - ``fn`` must be deterministic given the task: whichever executor runs it, the outputs are the
   same.
 
-The executors themselves: `local.LocalExecutor` and `ray.RayExecutor`; `get_executor` (in the
-package) builds one by name.
+The executors themselves: `local.LocalExecutor` and `ray.RayExecutor`, registered by name in
+`registry` (plug-ins join through the entry-point group ``shortcutlab.executors``);
+`get_executor` builds one by name. `shortcutlab.testing.check_executor` runs this contract on
+any executor.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ TaskFn = Callable[[Task], dict]
 DoneFn = Callable[[Task, dict], None]
 
 
+class ExecutorError(ShortcutlabError):
+    """An unknown executor name, or an executor option it does not take or cannot use."""
+
+
 class TaskFailed(ShortcutlabError):
     """A task of a sweep failed; ``task`` is the Task and ``cause`` the original exception."""
 
@@ -37,6 +43,8 @@ class TaskFailed(ShortcutlabError):
 
 
 class Executor(Protocol):
+    """What every executor has: a registry ``name`` and ``run`` (see the module docstring)."""
+
     name: str
 
     def run(self, tasks: Sequence[Task], fn: TaskFn, on_done: DoneFn | None = None) -> None: ...

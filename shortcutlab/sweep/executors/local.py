@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Sequence
 
-from shortcutlab.errors import ShortcutlabError
-from shortcutlab.sweep.executors.base import DoneFn, TaskFailed, TaskFn, check_order
+from shortcutlab.sweep.executors.base import DoneFn, ExecutorError, TaskFailed, TaskFn, check_order
+from shortcutlab.sweep.executors.registry import register
 from shortcutlab.sweep.graph import Task
 
 
@@ -85,6 +85,7 @@ def _watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> None:
     threading.Thread(target=loop, name="shortcutlab-parent-watch", daemon=True).start()
 
 
+@register("local")
 class LocalExecutor:
     """Run tasks in this process (``workers=1``) or on a pool of ``workers`` spawned processes."""
 
@@ -92,7 +93,7 @@ class LocalExecutor:
 
     def __init__(self, workers: int = 1) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ShortcutlabError(f"workers must be a positive integer; got {workers!r}")
+            raise ExecutorError(f"workers must be a positive integer; got {workers!r}")
         self.workers = workers
 
     def run(self, tasks: Sequence[Task], fn: TaskFn, on_done: DoneFn | None = None) -> None:

@@ -39,14 +39,14 @@ import socket
 import sys
 from typing import Any, Mapping, Sequence
 
-from shortcutlab.errors import ShortcutlabError
-from shortcutlab.sweep.executors.base import DoneFn, TaskFailed, TaskFn, check_order
+from shortcutlab.sweep.executors.base import DoneFn, ExecutorError, TaskFailed, TaskFn, check_order
+from shortcutlab.sweep.executors.registry import register
 from shortcutlab.sweep.graph import Task
 
 _INSTALL = 'pip install "shortcutlab[ray]"'
 
 
-class RayExecutorError(ShortcutlabError):
+class RayExecutorError(ExecutorError):
     """Ray is missing, an option is invalid, the cluster cannot be reached or cannot run a task."""
 
 
@@ -148,6 +148,7 @@ def _describe(need: Mapping[str, float]) -> str:
     return ", ".join(f"{_fmt(v)} {names.get(k, k)}" for k, v in need.items() if v) or "nothing"
 
 
+@register("ray")
 class RayExecutor:
     """Run tasks on Ray workers with their resource needs; retry those whose worker died.
 
