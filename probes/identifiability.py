@@ -141,6 +141,27 @@ def _class_chance(codes: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(1.0 / per_class[cls]))
 
 
+def _scorable_parents(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted parent names, (N,) parent code of each crop, crops per parent); a
+    `DiagnosticError` unless at least two parents have two or more crops (held-out siblings)."""
+    names, codes, counts = np.unique(parents, return_inverse=True, return_counts=True)
+    codes = codes.reshape(-1)
+    if len(names) == 0:
+        raise DiagnosticError("group identifiability needs crops from at least two parents; got no crops")
+    if len(names) < 2:
+        shown = repr(names[0].item() if hasattr(names[0], "item") else names[0])
+        raise DiagnosticError(
+            f"group identifiability needs crops from at least two parents; all {len(parents)} crops have parent {shown}"
+        )
+    probed = counts >= 2
+    if probed.sum() < 2:
+        raise DiagnosticError(
+            f"group identifiability needs at least two parents with two or more crops (held-out siblings); "
+            f"{len(names)} parents, {int((~probed).sum())} of them with one crop only"
+        )
+    return names, codes, counts
+
+
 # ------------------------------------------------------------------------------ estimator
 class GroupIdentifiability:
     """Held-out-sibling accuracy of a multinomial logistic classifier of the parent.
@@ -248,22 +269,9 @@ class GroupIdentifiability:
         """
         self._check_params()
         X, parents, labels = self._check_data(X, parents, labels)
-        names, codes, counts = np.unique(parents, return_inverse=True, return_counts=True)
-        codes = codes.reshape(-1)
-        if len(names) == 0:
-            raise DiagnosticError("group identifiability needs crops from at least two parents; got no crops")
-        if len(names) < 2:
-            shown = repr(names[0].item() if hasattr(names[0], "item") else names[0])
-            raise DiagnosticError(
-                f"group identifiability needs crops from at least two parents; all {len(parents)} crops have parent {shown}"
-            )
+        names, codes, counts = _scorable_parents(parents)
         probed = counts >= 2
         n_single = int((~probed).sum())
-        if probed.sum() < 2:
-            raise DiagnosticError(
-                f"group identifiability needs at least two parents with two or more crops (held-out siblings); "
-                f"{len(names)} parents, {n_single} of them with one crop only"
-            )
         if n_single:
             warnings.warn(
                 f"group identifiability: {n_single} parent(s) with one crop cannot be scored (no sibling to learn from); "
@@ -277,26 +285,7 @@ class GroupIdentifiability:
         remap[probed] = np.arange(int(probed.sum()))
         y = remap[codes]
         K = int(probed.sum())
-
-        predicted = np.full(len(codes), -1, dtype=np.int64)
-        n_iter = []
-        for f in range(int(self.folds)):
-            te = np.flatnonzero(fold == f)
-            if len(te) == 0:
-                n_iter.append(0)
-                continue
-            tr = np.flatnonzero(keep & (fold != f))
-            A = X[tr].astype(np.float64)  # standardised in float64 (features with large offsets), in place
-            mu, sd = standardise(A)
-            A -= mu
-            A /= sd
-            W, b, it = fit_multinomial(A.astype(np.float32), y[tr], K, float(self.C), tol=float(self.tol), max_iter=int(self.max_iter),
-                                       rescale=False)
-            W, b = W.astype(np.float32), b.astype(np.float32)
-            del A
-            B = ((X[te].astype(np.float64) - mu) / sd).astype(np.float32)
-            predicted[te] = (B @ W + b).argmax(axis=1)
-            n_iter.append(it)
+        predicted, n_iter = self._predict_folds(X, y, K, fold)
 
         correct = keep & (predicted == y)
         n = int(keep.sum())
@@ -317,6 +306,31 @@ class GroupIdentifiability:
         self.class_chance_ = math.nan if labels is None else _class_chance(y[keep], labels[keep])
         self.ci_ = binomial_interval(k, n, float(self.confidence), self.interval)
         return self
+
+    def _predict_folds(self, X: np.ndarray, y: np.ndarray, K: int, fold: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """(N,) parent code predicted for every crop by the classifier fitted without its fold
+        (-1 where excluded), and the L-BFGS iterations of each fold's fit."""
+        keep = fold >= 0
+        predicted = np.full(len(y), -1, dtype=np.int64)
+        n_iter = []
+        for f in range(int(self.folds)):
+            te = np.flatnonzero(fold == f)
+            if len(te) == 0:
+                n_iter.append(0)
+                continue
+            tr = np.flatnonzero(keep & (fold != f))
+            A = X[tr].astype(np.float64)  # standardised in float64 (features with large offsets), in place
+            mu, sd = standardise(A)
+            A -= mu
+            A /= sd
+            W, b, it = fit_multinomial(A.astype(np.float32), y[tr], K, float(self.C), tol=float(self.tol), max_iter=int(self.max_iter),
+                                       rescale=False)
+            W, b = W.astype(np.float32), b.astype(np.float32)
+            del A
+            B = ((X[te].astype(np.float64) - mu) / sd).astype(np.float32)
+            predicted[te] = (B @ W + b).argmax(axis=1)
+            n_iter.append(it)
+        return predicted, n_iter
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(folds={self.folds}, C={self.C}, seed={self.seed}, max_iter={self.max_iter}, "

@@ -47,6 +47,9 @@ def lbfgs(
 ) -> tuple[np.ndarray, float, int]:
     """Minimise ``fun`` (returning value and gradient) from ``x0``; rules in the module docstring.
 
+    Each iteration: direction (`_two_loop`), line search (`_search_line`), then the stopping
+    rules and the memory update.
+
     Returns:
         x (float64, a new array), f(x), and the number of iterations.
     """
@@ -61,38 +64,12 @@ def lbfgs(
     theta = 1.0
     nit = 0
     while True:
-        # Direction: -H g by the two-loop recursion (H0 = I / theta).
-        q = -g
-        if S:
-            alpha = []
-            for s, y, r in zip(reversed(S), reversed(Y), reversed(rho)):
-                a_ = r * float(s @ q)
-                alpha.append(a_)
-                q -= a_ * y
-            q /= theta
-            for s, y, r, a_ in zip(S, Y, rho, reversed(alpha)):
-                q += (a_ - r * float(y @ q)) * s
-        d = q
+        d = _two_loop(g, S, Y, rho, theta)
         gd0 = float(g @ d)
         failed = gd0 >= 0
         if not failed:
             stp = min(1.0 / float(np.linalg.norm(d)), _BIG) if nit == 0 else 1.0
-            search = _LineSearch(f, gd0, stp)
-            stp, n_eval = search.stp, 0
-            while True:
-                if n_eval >= maxls:
-                    failed = True
-                    break
-                xt = x + stp * d
-                ft, gt = fun(xt)
-                n_eval += 1
-                gdt = float(gt @ d)
-                stp, done = search.step(stp, ft, gdt)
-                if done:
-                    break
-                if not math.isfinite(stp):  # scipy's line search gives up on a NaN step
-                    failed = True
-                    break
+            failed, stp, xt, ft, gt = _search_line(fun, x, f, d, gd0, stp, maxls)
         if failed:
             if not S:  # nothing to drop: stop at the last accepted point (scipy: ABNORMAL)
                 return x, f, nit
@@ -116,6 +93,43 @@ def lbfgs(
         Y.append(y)
         rho.append(1.0 / dr)
         theta = float(y @ y) / dr
+
+
+def _two_loop(g: np.ndarray, S: list[np.ndarray], Y: list[np.ndarray], rho: list[float], theta: float) -> np.ndarray:
+    """The direction -H g by the two-loop recursion over the stored pairs (H0 = I / theta);
+    -g itself (a new array) with no pair stored."""
+    q = -g
+    if S:
+        alpha = []
+        for s, y, r in zip(reversed(S), reversed(Y), reversed(rho)):
+            a_ = r * float(s @ q)
+            alpha.append(a_)
+            q -= a_ * y
+        q /= theta
+        for s, y, r, a_ in zip(S, Y, rho, reversed(alpha)):
+            q += (a_ - r * float(y @ q)) * s
+    return q
+
+
+def _search_line(fun, x: np.ndarray, f: float, d: np.ndarray, gd0: float, stp: float, maxls: int):
+    """Moré-Thuente line search along `d` from `x` (f(x) = `f`, slope `gd0`), first trying
+    `stp`: (failed, step, x + step d, f and gradient there). It fails after `maxls`
+    evaluations or on a NaN step (where scipy's line search gives up)."""
+    search = _LineSearch(f, gd0, stp)
+    stp, n_eval = search.stp, 0
+    xt = ft = gt = None
+    while True:
+        if n_eval >= maxls:
+            return True, stp, xt, ft, gt
+        xt = x + stp * d
+        ft, gt = fun(xt)
+        n_eval += 1
+        gdt = float(gt @ d)
+        stp, done = search.step(stp, ft, gdt)
+        if done:
+            return False, stp, xt, ft, gt
+        if not math.isfinite(stp):
+            return True, stp, xt, ft, gt
 
 
 class _LineSearch:

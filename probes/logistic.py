@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -124,32 +125,9 @@ def fit_multinomial(
     """
     A = np.ascontiguousarray(A, dtype=np.float32)
     n, D = A.shape
-    y = np.asarray(y, dtype=np.int64)
-    A1 = np.empty((n, D + 1), dtype=np.float32)
-    A1[:, :D] = A
-    A1[:, D] = 1.0
-    A1t = np.ascontiguousarray(A1.T)
-    rows = np.arange(n)
     lam = 1.0 / (float(C) * n)
     a = 1.0 / math.sqrt(lam + 1.0 / K) if rescale else 1.0
-
-    def loss_grad(v: np.ndarray) -> tuple[float, np.ndarray]:
-        Wf = (a * v).reshape(D + 1, K)
-        Z = A1 @ Wf.astype(np.float32)
-        Z -= Z.max(axis=1, keepdims=True)
-        zy = Z[rows, y].astype(np.float64)
-        np.exp(Z, out=Z)
-        S = Z.sum(axis=1, keepdims=True)
-        loss = float((np.log(S[:, 0].astype(np.float64)) - zy).mean())
-        Z /= S
-        Z[rows, y] -= 1.0
-        G = (A1t @ Z).astype(np.float64)
-        G /= n
-        coef = Wf[:-1]
-        loss += 0.5 * lam * float(np.dot(coef.ravel(), coef.ravel()))
-        G[:-1] += lam * coef
-        G *= a
-        return loss, G.ravel()
+    loss_grad = _objective(A, np.asarray(y, dtype=np.int64), K, lam, a)
 
     w0 = np.zeros((D + 1, K))
     if W0 is not None:
@@ -170,3 +148,39 @@ def fit_multinomial(
             raise ValueError(f"solver must be 'lbfgs' or 'scipy'; got {solver!r}")
     W = (a * v).reshape(D + 1, K)
     return W[:-1], W[-1].copy(), int(nit)
+
+
+def _objective(A: np.ndarray, y: np.ndarray, K: int, lam: float, a: float) -> Callable[[np.ndarray], tuple[float, np.ndarray]]:
+    """``loss_grad(v) -> (loss, gradient)`` of the objective (module docstring) in the scaled
+    variables ``v = w / a``, w the (D + 1, K) weights with the intercepts last, flattened.
+
+    Args:
+        A: (n, D) float32 features; y: (n,) int64 codes; K: labels; lam: ``1 / (C n)``, the
+            L2 weight (intercepts unpenalised); a: the scale of the variables.
+    """
+    n, D = A.shape
+    A1 = np.empty((n, D + 1), dtype=np.float32)
+    A1[:, :D] = A
+    A1[:, D] = 1.0
+    A1t = np.ascontiguousarray(A1.T)
+    rows = np.arange(n)
+
+    def loss_grad(v: np.ndarray) -> tuple[float, np.ndarray]:
+        Wf = (a * v).reshape(D + 1, K)
+        Z = A1 @ Wf.astype(np.float32)
+        Z -= Z.max(axis=1, keepdims=True)
+        zy = Z[rows, y].astype(np.float64)
+        np.exp(Z, out=Z)
+        S = Z.sum(axis=1, keepdims=True)
+        loss = float((np.log(S[:, 0].astype(np.float64)) - zy).mean())
+        Z /= S
+        Z[rows, y] -= 1.0
+        G = (A1t @ Z).astype(np.float64)
+        G /= n
+        coef = Wf[:-1]
+        loss += 0.5 * lam * float(np.dot(coef.ravel(), coef.ravel()))
+        G[:-1] += lam * coef
+        G *= a
+        return loss, G.ravel()
+
+    return loss_grad

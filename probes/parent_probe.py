@@ -92,6 +92,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -324,6 +325,10 @@ class ParentProbe:
     def fit(self, X, labels, parents, *, cross_fit: Callable[[np.ndarray], np.ndarray] | None = None) -> "ParentProbe":
         """Fit the probes and score every held-out sibling.
 
+        The steps: validate, lay out the crops (`_Crops`: codes, folds, who is probed), warn
+        about exclusions and constant features, run the nested fits (`_SiblingFits`), then
+        store R, the floor and the per-class table.
+
         Args:
             X: (N, D) frozen features (numpy or torch; any float or int dtype), one row per crop.
             labels: (N,) class of each crop.
@@ -343,9 +348,84 @@ class ParentProbe:
         who = "ParentProbe"
         require(f"{who}.fit", labels=labels, parents=parents)
         X, labels, parents = check_features(who, X, labels, parents)
-        N = X.shape[0]
-        if N == 0:
+        if X.shape[0] == 0:
             raise DiagnosticError(f"{who} needs crops; got none (features have shape {X.shape})")
+        crops = _Crops.lay_out(who, labels, parents, k, int(self.random_state))
+        if crops.n_excluded:
+            _warn_excluded(who, crops)
+        n_const = _constant_columns(who, X, crops.keep)
+        fits = _SiblingFits(who, crops, X, Cs, k, self.tol, self.max_iter, cross_fit)
+        predicted, C_rows, n_iter = fits.run()
+        self._store(crops, predicted, n_const)
+        self.C_ = pd.DataFrame(C_rows, columns=["class", "fold", "C", "inner_accuracy", "inner_n"])
+        self.n_iter_ = n_iter
+        return self
+
+    def _store(self, crops: "_Crops", predicted: np.ndarray, n_const: int) -> None:
+        """Set R, its floor and interval, the counts and the per-crop attributes from the
+        predicted parent codes (-1 where excluded)."""
+        keep, par = crops.keep, crops.par
+        correct = keep & (predicted == par)
+        per_class = _per_class_table(crops, correct)
+        n = int(keep.sum())
+        kc = int(correct.sum())
+        probed = per_class[per_class["probed"]]
+        self.per_class_ = per_class
+        self.R_ = kc / n
+        self.floor_ = float((probed["floor"] * probed["n_scored"]).sum() / n)
+        self.above_floor_ = self.R_ - self.floor_
+        self.ci_ = wilson_interval(kc, n, float(self.confidence))
+        self.n_scored_ = n
+        self.n_correct_ = kc
+        self.n_classes_ = len(crops.classes)
+        self.n_parents_ = int(probed["n_parents"].sum())
+        self.n_singleton_parents_ = crops.n_single
+        self.n_single_parent_classes_ = crops.n_single_class
+        self.n_excluded_ = crops.n_excluded
+        self.n_constant_features_ = n_const
+        self.folds_ = crops.folds
+        pred_names = np.empty(len(par), dtype=object)
+        pred_names[keep] = crops.par_names[predicted[keep]]
+        self.predicted_ = pred_names
+        self.correct_ = correct
+
+
+# ------------------------------------------------------------------------------ fitting steps
+@dataclass(frozen=True, eq=False)
+class _Crops:
+    """The probe's view of its crops: class and parent codes, folds, and which are probed.
+
+    Attributes:
+        cls_names, par_names: the sorted class and parent values; cls, par: (N,) their codes.
+        folds: (N,) fold drawn inside each (class, parent) cell, -1 where excluded.
+        keep: (N,) bool, the crop is probed (``folds >= 0``).
+        classes: codes of the classes probed (two or more parents of two or more crops).
+        idx: class code -> rows of its probed crops; ycode: class code -> their parent codes
+            within the class (0 .. parents of the class - 1).
+        n_single: (class, parent) cells with one crop; n_single_class: classes with crops but
+            fewer than two probe-able parents.
+    """
+
+    cls_names: np.ndarray
+    cls: np.ndarray
+    par_names: np.ndarray
+    par: np.ndarray
+    folds: np.ndarray
+    keep: np.ndarray
+    classes: list
+    idx: dict
+    ycode: dict
+    n_single: int
+    n_single_class: int
+
+    @property
+    def n_excluded(self) -> int:
+        return int((~self.keep).sum())
+
+    @classmethod
+    def lay_out(cls_, who: str, labels: np.ndarray, parents: np.ndarray, k: int, random_state: int) -> "_Crops":
+        """Codes, sibling folds and exclusions of the crops; a `DiagnosticError` when nothing
+        can be probed."""
         cls_names, cls = np.unique(labels, return_inverse=True)
         cls = cls.reshape(-1)
         par_names, par = np.unique(parents, return_inverse=True)
@@ -359,187 +439,210 @@ class ParentProbe:
         ok_cells_per_class = np.bincount(cell_class[ok_cell], minlength=len(cls_names))
         ok_class = ok_cells_per_class >= 2
         n_single_class = int((~ok_class & (np.bincount(cls, minlength=len(cls_names)) > 0)).sum())
-        folds = sibling_folds(cell, k, int(self.random_state))
+        folds = sibling_folds(cell, k, random_state)
         folds[~ok_class[cls]] = -1
         keep = folds >= 0
-        n_excl = int((~keep).sum())
         if not keep.any():
             raise DiagnosticError(
                 f"{who} has nothing to probe: no class has two parents with two or more crops each "
                 f"({len(par_names)} parents, {n_single} (class, parent) cells with one crop, {len(cls_names)} classes)"
             )
-        if n_excl:
-            lost_classes = [str(c) for c in cls_names[~ok_class]]
-            warnings.warn(
-                f"{who}: {n_excl} crop(s) cannot be probed and are excluded: {n_single} (class, parent) cell(s) with one crop "
-                f"(no sibling to learn from) and {n_single_class} class(es) with fewer than two parents of two or more crops"
-                + (f" ({', '.join(lost_classes[:5])})" if lost_classes else "")
-                + "; counted in n_singleton_parents_, n_single_parent_classes_, n_excluded_",
-                DiagnosticWarning, stacklevel=2,
-            )
-        # Constant columns carry nothing (standardising keeps their scale 1); when every column
-        # is constant over the probed crops the probe can only guess, so R measures nothing.
-        Xk = X[keep]
-        n_const = int((Xk == Xk[:1]).all(axis=0).sum())
-        if n_const == X.shape[1]:
-            warnings.warn(
-                f"{who}: all {n_const} feature column(s) are constant over the {int(keep.sum())} probed crops: the features "
-                "carry no parent information and R is not a measurement (counted in n_constant_features_)",
-                DiagnosticWarning, stacklevel=2,
-            )
-
-        # Per class: crops, local parent codes.
         classes = [c for c in range(len(cls_names)) if ok_class[c]]
         idx = {c: np.flatnonzero(keep & (cls == c)) for c in classes}
         ycode = {}
         for c in classes:
             _, y = np.unique(par[idx[c]], return_inverse=True)
             ycode[c] = y.reshape(-1)
+        return cls_(cls_names, cls, par_names, par, folds, keep, classes, idx, ycode, n_single, n_single_class)
 
-        def features(mask: np.ndarray | None) -> np.ndarray:
-            if cross_fit is None or mask is None:
-                return X
-            F = np.asarray(cross_fit(mask))
-            if F.shape[0] != N or F.ndim != 2:
-                raise DiagnosticError(f"{who}: cross_fit returned features of shape {F.shape}; expected ({N}, D)")
-            return F
+    @property
+    def lost_classes(self) -> list[str]:
+        """Classes with crops but fewer than two probe-able parents, as strings."""
+        probed = np.zeros(len(self.cls_names), dtype=bool)
+        probed[self.classes] = True
+        return [str(c) for c in self.cls_names[~probed]]
 
+
+def _warn_excluded(who: str, crops: _Crops) -> None:
+    """The `DiagnosticWarning` that counts the crops `ParentProbe.fit` cannot probe (it points
+    at fit's caller)."""
+    lost_classes = crops.lost_classes
+    warnings.warn(
+        f"{who}: {crops.n_excluded} crop(s) cannot be probed and are excluded: {crops.n_single} (class, parent) cell(s) with one crop "
+        f"(no sibling to learn from) and {crops.n_single_class} class(es) with fewer than two parents of two or more crops"
+        + (f" ({', '.join(lost_classes[:5])})" if lost_classes else "")
+        + "; counted in n_singleton_parents_, n_single_parent_classes_, n_excluded_",
+        DiagnosticWarning, stacklevel=3,
+    )
+
+
+def _constant_columns(who: str, X: np.ndarray, keep: np.ndarray) -> int:
+    """Feature columns constant over the probed crops; a `DiagnosticWarning` when all are.
+
+    Constant columns carry nothing (standardising keeps their scale 1); when every column is
+    constant over the probed crops the probe can only guess, so R measures nothing.
+    """
+    Xk = X[keep]
+    n_const = int((Xk == Xk[:1]).all(axis=0).sum())
+    if n_const == X.shape[1]:
+        warnings.warn(
+            f"{who}: all {n_const} feature column(s) are constant over the {int(keep.sum())} probed crops: the features "
+            "carry no parent information and R is not a measurement (counted in n_constant_features_)",
+            DiagnosticWarning, stacklevel=3,
+        )
+    return n_const
+
+
+def _per_class_table(crops: _Crops, correct: np.ndarray) -> pd.DataFrame:
+    """`ParentProbe.per_class_`: one row per class that has crops (module docstring)."""
+    cls, par, keep = crops.cls, crops.par, crops.keep
+    rows = []
+    for c in range(len(crops.cls_names)):
+        in_c = cls == c
+        if not in_c.any():
+            continue
+        m = keep & in_c
+        n_c = int(m.sum())
+        if n_c:
+            top = int(np.bincount(par[m]).max())
+            R_c, floor_c = float(correct[m].sum()) / n_c, top / n_c
+            n_par = int(len(np.unique(par[m])))
+        else:
+            R_c = floor_c = math.nan
+            n_par = 0
+        rows.append({"class": crops.cls_names[c], "n_scored": n_c, "n_parents": n_par, "R": R_c, "floor": floor_c,
+                     "above_floor": R_c - floor_c, "n_excluded": int((in_c & ~keep).sum()), "probed": bool(n_c)})
+    return pd.DataFrame(rows, columns=["class", "n_scored", "n_parents", "R", "floor", "above_floor", "n_excluded", "probed"])
+
+
+class _SiblingFits:
+    """The nested fits of one `ParentProbe.fit` (module docstring, "Choosing C"): an inner C
+    path per class and pair of folds, then one outer probe per class and fold, warm-started
+    from the inner probe at the chosen C."""
+
+    def __init__(self, who: str, crops: _Crops, X: np.ndarray, Cs: list[float], k: int, tol: float, max_iter: int,
+                 cross_fit: Callable[[np.ndarray], np.ndarray] | None) -> None:
+        self.who, self.crops, self.X, self.Cs, self.k = who, crops, X, Cs, k
+        self.tol, self.max_iter, self.cross_fit = tol, max_iter, cross_fit
         # Inner split: one probe per pair of folds, per class, along the C path.
-        pairs = sorted({tuple(sorted((f, _partner(f, k)))) for f in range(k)}) if len(Cs) > 1 else []
+        self.pairs = sorted({tuple(sorted((f, _partner(f, k)))) for f in range(k)}) if len(Cs) > 1 else []
+        self.inner: dict[tuple[int, int], dict] = {}  # (class, pair id) -> fits
 
-        def inner_fit(pair: tuple[int, int], F: np.ndarray, c: int) -> tuple[dict, int]:
-            n_it = 0
-            fc = folds[idx[c]]
-            tr = ~np.isin(fc, pair)
-            y_tr = ycode[c][tr]
-            seen = np.unique(y_tr)
-            fits = {"seen": seen, "models": [], "val": {}}
-            if len(seen) >= 2:
-                mu, sd = standardise(F[idx[c][tr]])
-                A = (F[idx[c][tr]] - mu) / sd
-                local = np.searchsorted(seen, y_tr)
-                # Validation folds this pair serves (fold g chooses C for f when g = partner(f)).
-                val = {}
-                for g in pair:
-                    if any(_partner(f, k) == g and g != f and set((f, g)) == set(pair) for f in range(k)):
-                        va = (fc == g) & np.isin(ycode[c], seen)
-                        val[g] = ((F[idx[c][va]] - mu) / sd, np.searchsorted(seen, ycode[c][va]))
-                fits["val"] = {g: [] for g in val}
-                W = b = None
-                for C in Cs:  # smallest C first, each warm-started from the previous one
-                    W, b, it = fit_multinomial(A, local, len(seen), C, tol=self.tol, max_iter=self.max_iter, W0=W, c0=b)
-                    n_it += it
-                    fits["models"].append((W, b))
-                    for g, (B, truth) in val.items():
-                        fits["val"][g].append((int(((B @ W + b).argmax(1) == truth).sum()), len(truth)))
-                    # Stop the path once every served fold's accuracy fell below its best so far.
-                    if len(fits["models"]) > 1 and all(v[-1][0] < max(a for a, _ in v[:-1]) for v in fits["val"].values()):
-                        break
-                fits["mu"], fits["sd"] = mu, sd
-            return fits, n_it
-
-        def outer_fit(f: int, F: np.ndarray, c: int):
-            fc = folds[idx[c]]
-            te = fc == f
-            if not te.any():
-                return None
-            tr = ~te
-            P = int(ycode[c].max()) + 1
-            mu, sd = standardise(F[idx[c][tr]])
-            A = (F[idx[c][tr]] - mu) / sd
-            W0 = b0 = None
-            if pairs:
-                g = _partner(f, k)
-                fits = inner[(c, pairs.index(tuple(sorted((f, g)))))]
-                if fits["models"]:
-                    scores = fits["val"][g]  # (correct, n) per C along the (possibly stopped) path
-                    inner_n = scores[0][1]
-                    if inner_n:
-                        accs = [a / inner_n for a, _ in scores]
-                        j = int(np.argmax(accs))  # first maximum: the smallest C among ties
-                        inner_acc = accs[j]
-                    else:  # no validation crop whose parent the inner probe saw
-                        j, inner_acc = len(Cs) // 2, math.nan
-                    C = Cs[j]
-                    Wi, bi = fits["models"][j]
-                    # Re-express the inner probe in this fit's standardisation and label set.
-                    W0 = np.zeros((A.shape[1], P))
-                    b0 = np.zeros(P)
-                    W0[:, fits["seen"]] = Wi * (sd / fits["sd"])[:, None]
-                    b0[fits["seen"]] = bi + ((mu - fits["mu"]) / fits["sd"]) @ Wi
-                else:
-                    C, inner_acc, inner_n = Cs[len(Cs) // 2], math.nan, 0
-            else:
-                C, inner_acc, inner_n = Cs[0], math.nan, 0
-            W, b, it = fit_multinomial(A, ycode[c][tr], P, C, tol=self.tol, max_iter=self.max_iter, W0=W0, c0=b0)
-            B = (F[idx[c][te]] - mu) / sd
-            local_pred = (B @ W + b).argmax(1)
-            parent_of_local = np.unique(par[idx[c]])
-            row_ = {"class": cls_names[c], "fold": f, "C": C, "inner_accuracy": inner_acc, "inner_n": inner_n}
-            return idx[c][te], parent_of_local[local_pred], row_, it
-
+    def run(self) -> tuple[np.ndarray, list[dict], int]:
+        """Fit every inner path and outer probe; return the (N,) predicted parent codes (-1
+        where excluded), the rows of `ParentProbe.C_` and the total L-BFGS iterations."""
+        crops = self.crops
         n_iter = 0
-        inner: dict[tuple[int, int], dict] = {}  # (class, pair id) -> fits
-        predicted = np.full(N, -1, dtype=np.int64)  # parent code
-        Crows = []
-        with _class_pool(len(classes)) as run:
-            for pair in pairs:
-                F = features(~np.isin(folds, pair))
-                for c, (fits, n_it) in zip(classes, run(lambda c: inner_fit(pair, F, c), classes)):
-                    inner[(c, pairs.index(pair))] = fits
+        predicted = np.full(len(crops.par), -1, dtype=np.int64)  # parent code
+        C_rows = []
+        with _class_pool(len(crops.classes)) as run:
+            for pair in self.pairs:
+                F = self.features(~np.isin(crops.folds, pair))
+                for c, (fits, n_it) in zip(crops.classes, run(lambda c: self.inner_fit(pair, F, c), crops.classes)):
+                    self.inner[(c, self.pairs.index(pair))] = fits
                     n_iter += n_it
             # Outer folds.
-            for f in range(k):
-                F = features(folds != f)
-                for out in run(lambda c: outer_fit(f, F, c), classes):
+            for f in range(self.k):
+                F = self.features(crops.folds != f)
+                for out in run(lambda c: self.outer_fit(f, F, c), crops.classes):
                     if out is not None:
                         rows_, pred_, row_, it = out
                         predicted[rows_] = pred_
-                        Crows.append(row_)
+                        C_rows.append(row_)
                         n_iter += it
+        return predicted, C_rows, n_iter
 
-        correct = keep & (predicted == par)
-        rows = []
-        for c in range(len(cls_names)):
-            in_c = cls == c
-            if not in_c.any():
-                continue
-            m = keep & in_c
-            n_c = int(m.sum())
-            if n_c:
-                top = int(np.bincount(par[m]).max())
-                R_c, floor_c = float(correct[m].sum()) / n_c, top / n_c
-                n_par = int(len(np.unique(par[m])))
-            else:
-                R_c = floor_c = math.nan
-                n_par = 0
-            rows.append({"class": cls_names[c], "n_scored": n_c, "n_parents": n_par, "R": R_c, "floor": floor_c,
-                         "above_floor": R_c - floor_c, "n_excluded": int((in_c & ~keep).sum()), "probed": bool(n_c)})
-        per_class = pd.DataFrame(rows, columns=["class", "n_scored", "n_parents", "R", "floor", "above_floor", "n_excluded", "probed"])
-        n = int(keep.sum())
-        kc = int(correct.sum())
-        probed = per_class[per_class["probed"]]
-        self.per_class_ = per_class
-        self.R_ = kc / n
-        self.floor_ = float((probed["floor"] * probed["n_scored"]).sum() / n)
-        self.above_floor_ = self.R_ - self.floor_
-        self.ci_ = wilson_interval(kc, n, float(self.confidence))
-        self.n_scored_ = n
-        self.n_correct_ = kc
-        self.n_classes_ = len(classes)
-        self.n_parents_ = int(probed["n_parents"].sum())
-        self.n_singleton_parents_ = n_single
-        self.n_single_parent_classes_ = n_single_class
-        self.n_excluded_ = n_excl
-        self.n_constant_features_ = n_const
-        self.folds_ = folds
-        pred_names = np.empty(N, dtype=object)
-        pred_names[keep] = par_names[predicted[keep]]
-        self.predicted_ = pred_names
-        self.correct_ = correct
-        self.C_ = pd.DataFrame(Crows, columns=["class", "fold", "C", "inner_accuracy", "inner_n"])
-        self.n_iter_ = n_iter
-        return self
+    def features(self, mask: np.ndarray | None) -> np.ndarray:
+        """The features under a map fitted on the crops of `mask` (`X` without ``cross_fit``)."""
+        if self.cross_fit is None or mask is None:
+            return self.X
+        N = self.X.shape[0]
+        F = np.asarray(self.cross_fit(mask))
+        if F.shape[0] != N or F.ndim != 2:
+            raise DiagnosticError(f"{self.who}: cross_fit returned features of shape {F.shape}; expected ({N}, D)")
+        return F
+
+    def inner_fit(self, pair: tuple[int, int], F: np.ndarray, c: int) -> tuple[dict, int]:
+        """Class c's inner C path trained without the folds of `pair`, scored on the folds it
+        serves; returns ``{seen, models, val, mu, sd}`` and its iterations."""
+        k, idx, ycode = self.k, self.crops.idx, self.crops.ycode
+        n_it = 0
+        fc = self.crops.folds[idx[c]]
+        tr = ~np.isin(fc, pair)
+        y_tr = ycode[c][tr]
+        seen = np.unique(y_tr)
+        fits = {"seen": seen, "models": [], "val": {}}
+        if len(seen) < 2:
+            return fits, n_it
+        mu, sd = standardise(F[idx[c][tr]])
+        A = (F[idx[c][tr]] - mu) / sd
+        local = np.searchsorted(seen, y_tr)
+        # Validation folds this pair serves (fold g chooses C for f when g = partner(f)).
+        val = {}
+        for g in pair:
+            if any(_partner(f, k) == g and g != f and set((f, g)) == set(pair) for f in range(k)):
+                va = (fc == g) & np.isin(ycode[c], seen)
+                val[g] = ((F[idx[c][va]] - mu) / sd, np.searchsorted(seen, ycode[c][va]))
+        fits["val"] = {g: [] for g in val}
+        W = b = None
+        for C in self.Cs:  # smallest C first, each warm-started from the previous one
+            W, b, it = fit_multinomial(A, local, len(seen), C, tol=self.tol, max_iter=self.max_iter, W0=W, c0=b)
+            n_it += it
+            fits["models"].append((W, b))
+            for g, (B, truth) in val.items():
+                fits["val"][g].append((int(((B @ W + b).argmax(1) == truth).sum()), len(truth)))
+            # Stop the path once every served fold's accuracy fell below its best so far.
+            if len(fits["models"]) > 1 and all(v[-1][0] < max(a for a, _ in v[:-1]) for v in fits["val"].values()):
+                break
+        fits["mu"], fits["sd"] = mu, sd
+        return fits, n_it
+
+    def choose_C(self, f: int, c: int, mu: np.ndarray, sd: np.ndarray, P: int):
+        """The C of class c's outer probe for fold f, its inner accuracy and validation crops,
+        and the warm start ``(W0, b0)`` (None without an inner probe) in the outer fit's
+        standardisation (`mu`, `sd`) and its `P` parents."""
+        Cs = self.Cs
+        if not self.pairs:
+            return Cs[0], math.nan, 0, None, None
+        g = _partner(f, self.k)
+        fits = self.inner[(c, self.pairs.index(tuple(sorted((f, g)))))]
+        if not fits["models"]:
+            return Cs[len(Cs) // 2], math.nan, 0, None, None
+        scores = fits["val"][g]  # (correct, n) per C along the (possibly stopped) path
+        inner_n = scores[0][1]
+        if inner_n:
+            accs = [a / inner_n for a, _ in scores]
+            j = int(np.argmax(accs))  # first maximum: the smallest C among ties
+            inner_acc = accs[j]
+        else:  # no validation crop whose parent the inner probe saw
+            j, inner_acc = len(Cs) // 2, math.nan
+        Wi, bi = fits["models"][j]
+        # Re-express the inner probe in this fit's standardisation and label set.
+        W0 = np.zeros((len(mu), P))
+        b0 = np.zeros(P)
+        W0[:, fits["seen"]] = Wi * (sd / fits["sd"])[:, None]
+        b0[fits["seen"]] = bi + ((mu - fits["mu"]) / fits["sd"]) @ Wi
+        return Cs[j], inner_acc, inner_n, W0, b0
+
+    def outer_fit(self, f: int, F: np.ndarray, c: int):
+        """Class c's probe fitted without fold f and scored on it: (rows, predicted parent
+        codes, `C_` row, iterations), or None when fold f holds none of the class's crops."""
+        idx, ycode, par = self.crops.idx, self.crops.ycode, self.crops.par
+        fc = self.crops.folds[idx[c]]
+        te = fc == f
+        if not te.any():
+            return None
+        tr = ~te
+        P = int(ycode[c].max()) + 1
+        mu, sd = standardise(F[idx[c][tr]])
+        A = (F[idx[c][tr]] - mu) / sd
+        C, inner_acc, inner_n, W0, b0 = self.choose_C(f, c, mu, sd, P)
+        W, b, it = fit_multinomial(A, ycode[c][tr], P, C, tol=self.tol, max_iter=self.max_iter, W0=W0, c0=b0)
+        B = (F[idx[c][te]] - mu) / sd
+        local_pred = (B @ W + b).argmax(1)
+        parent_of_local = np.unique(par[idx[c]])
+        row_ = {"class": self.crops.cls_names[c], "fold": f, "C": C, "inner_accuracy": inner_acc, "inner_n": inner_n}
+        return idx[c][te], parent_of_local[local_pred], row_, it
 
 
 # ------------------------------------------------------------------------------ diagnostic

@@ -486,15 +486,43 @@ def _outline(z: np.ndarray, u: np.ndarray, irregularity: np.ndarray) -> tuple[np
 def _plan(config: SynthConfig) -> list[_FieldPlan]:
     """Draw every field's cells (class, morphology, placement) and signature; no pixels.
 
-    Vectorised over all cells of all fields, from the layout stream; signatures come from
-    their own stream (`_signatures`).
+    Vectorised over all cells of all fields, from the layout stream, in a fixed order (cell
+    counts and classes, morphology, candidate centres: reordering the draws would change
+    every benchmark); signatures come from their own stream (`_signatures`).
     """
     r = _rng(config, _LAYOUT, 0)
-    K, f, c, F = config.n_classes, config.scale, config.crop_size, config.n_fields
+    dominant, counts, mix, label = _plan_classes(r, config)
+    start = np.concatenate([[0], np.cumsum(counts)])
+    field_of = np.repeat(np.arange(config.n_fields), counts)
+    m = _plan_morphology(r, config, label)
+    cx, cy = _plan_placement(r, config, counts, start, field_of, m["extent"])
+
+    signatures = _signatures(config)
+    z, v, off, off_angle, theta = m["z"], m["v"], m["off"], m["off_angle"], m["theta"]
+    cyto_density = _CYTOPLASM_DENSITY[0] + (_CYTOPLASM_DENSITY[1] - _CYTOPLASM_DENSITY[0]) * v[:, 4]
+    plans = []
+    for i in range(config.n_fields):
+        s = slice(start[i], start[i + 1])
+        plans.append(
+            _FieldPlan(
+                index=i, dominant=int(dominant[i]), mix=mix[i], label=label[s], cx=cx[s], cy=cy[s], feat=m["feat"][s],
+                radius=m["radius"][s], aspect=m["aspect"][s], coef=m["coef"][s], nuc_radius=m["nuc_radius"][s],
+                nuc_aspect=m["nuc_aspect"][s], nuc_coef=m["nuc_coef"][s], theta=theta[s], nuc_theta=theta[s] + 0.6 * z[s, -1],
+                nuc_dx=off[s] * np.cos(off_angle[s]), nuc_dy=off[s] * np.sin(off_angle[s]),
+                cyto_mix=v[s, 3], cyto_density=cyto_density[s], extent=m["extent"][s], nuc_extent=off[s] + m["nuc_ext0"][s],
+                texture_at=v[s, 5:7], signature=signatures[i],
+            )
+        )
+    return plans
+
+
+def _plan_classes(r: np.random.Generator, config: SynthConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(F,) dominant class and cell count of every field, (F, K) class mixes and the (N,)
+    class of every cell (drawn from the field's mix with mixed fields)."""
+    K, F = config.n_classes, config.n_fields
     dominant = np.arange(F) // config.fields_per_class
     counts = 2 + r.poisson(config.mean_cells_per_field - 2.0, size=F)
     N = int(counts.sum())
-    start = np.concatenate([[0], np.cumsum(counts)])
     field_of = np.repeat(np.arange(F), counts)
     if config.mixed_fields:
         mix = config.mix_dominance * np.eye(K)[dominant] + (1.0 - config.mix_dominance) * r.dirichlet(np.ones(K), size=F)
@@ -504,6 +532,13 @@ def _plan(config: SynthConfig) -> list[_FieldPlan]:
     else:
         mix = np.eye(K)[dominant]
         label = dominant[field_of]
+    return dominant, counts, mix, label
+
+
+def _plan_morphology(r: np.random.Generator, config: SynthConfig, label: np.ndarray) -> dict[str, np.ndarray]:
+    """Every cell's realised features and shape (outline, nucleus), as per-cell arrays by
+    name, plus the raw draws ``z`` (normals) and ``v`` (uniforms) that `_plan` still reads."""
+    f, c, N = config.scale, config.crop_size, len(label)
     D = len(_FEATURES)
     z = r.standard_normal((N, D + 2 * _HARMONICS + 1))
     u = r.random((N, 2 * _HARMONICS + 7))
@@ -527,9 +562,20 @@ def _plan(config: SynthConfig) -> list[_FieldPlan]:
     feat[:, 0] = np.log(radius / f)
     feat[:, 3] = nuc_radius / radius
     extent = radius * np.sqrt(aspect) * fmax
+    return {"z": z, "v": v, "feat": feat, "aspect": aspect, "coef": coef, "radius": radius, "nuc_aspect": nuc_aspect,
+            "nuc_coef": nuc_coef, "nuc_radius": nuc_radius, "nuc_ext0": nuc_ext0, "off": off, "off_angle": off_angle,
+            "theta": theta, "extent": extent}
 
-    # Place the cells of every field one slot at a time: each takes the first of 24 candidate
-    # centres far enough from the cells placed before it, else the one farthest from them.
+
+def _plan_placement(r: np.random.Generator, config: SynthConfig, counts: np.ndarray, start: np.ndarray,
+                    field_of: np.ndarray, extent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) integer centres cx, cy of every cell in its field's pixels.
+
+    The cells of every field are placed one slot at a time: each takes the first of 24
+    candidate centres far enough from the cells placed before it, else the one farthest from
+    them.
+    """
+    c, F, N = config.crop_size, config.n_fields, len(field_of)
     lo, hi = c // 2, config.field_size - c + c // 2
     cand = r.integers(lo, hi + 1, size=(N, 24, 2))
     M = int(counts.max())
@@ -549,24 +595,7 @@ def _plan(config: SynthConfig) -> list[_FieldPlan]:
         pos[fs, j] = C[np.arange(len(fs)), pick]
         ext[fs, j] = extent[gi]
     slot = np.arange(N) - start[field_of]
-    cx, cy = pos[field_of, slot, 0], pos[field_of, slot, 1]
-
-    signatures = _signatures(config)
-    cyto_density = _CYTOPLASM_DENSITY[0] + (_CYTOPLASM_DENSITY[1] - _CYTOPLASM_DENSITY[0]) * v[:, 4]
-    plans = []
-    for i in range(F):
-        s = slice(start[i], start[i + 1])
-        plans.append(
-            _FieldPlan(
-                index=i, dominant=int(dominant[i]), mix=mix[i], label=label[s], cx=cx[s], cy=cy[s], feat=feat[s],
-                radius=radius[s], aspect=aspect[s], coef=coef[s], nuc_radius=nuc_radius[s], nuc_aspect=nuc_aspect[s],
-                nuc_coef=nuc_coef[s], theta=theta[s], nuc_theta=theta[s] + 0.6 * z[s, -1],
-                nuc_dx=off[s] * np.cos(off_angle[s]), nuc_dy=off[s] * np.sin(off_angle[s]),
-                cyto_mix=v[s, 3], cyto_density=cyto_density[s], extent=extent[s], nuc_extent=off[s] + nuc_ext0[s],
-                texture_at=v[s, 5:7], signature=signatures[i],
-            )
-        )
-    return plans
+    return pos[field_of, slot, 0], pos[field_of, slot, 1]
 
 
 # ---------------------------------------------------------------------- rendering
@@ -703,45 +732,81 @@ def _cell_layers(config: SynthConfig, plans: Sequence[_FieldPlan], sheet: np.nda
 def _render_field(config: SynthConfig, plan: _FieldPlan, layers: list[tuple], want_labels: bool = False):
     """Render one field from its plan and its cells' layers (`_cell_layers`).
 
-    Returns (rgb (3, H, W) uint8, label map (H, W) int32 or None). Planar (3, H, W) float32
-    throughout: numpy broadcasts over a trailing axis of 3 slowly.
+    The steps, each in place on one planar (3, H, W) float32 array (numpy broadcasts over a
+    trailing axis of 3 slowly): background (`_field_background`), cells (`_paint_cells`),
+    illumination (`_illumination`), then light, focus blur and sensor noise
+    (`_sensor_noise`).
+
+    Returns (rgb (3, H, W) uint8, label map (H, W) int32 or None).
     """
-    H = W = config.field_size
-    f = config.scale
     sig = plan.signature
     s = config.effective_strengths
-    n = len(plan.cx)
+    lum = _field_background(config, plan, s["background"] > 0)
+    labels = _paint_cells(lum, plan, layers, want_labels)
+    if s["illumination"] > 0:
+        lum += _illumination(sig["illumination"], config.field_size)
+    img = np.exp(lum, out=lum)
+    sigma = sig["focus"]["sigma_px"]
+    if sigma > 0:
+        img = ndimage.gaussian_filter(img, (0.0, sigma, sigma), truncate=3.0, mode="reflect")
+    H = W = config.field_size
+    # Sensor noise; the 0.5 makes the final truncation a rounding.
+    img += _gauss(_rng(config, _BASELINE, plan.index), (3, H, W), config.baseline_noise, 0.5)
+    if s["noise"] > 0:
+        _sensor_noise(img, _rng(config, _PATTERN, plan.index), sig["noise"])
+    np.clip(img, 0.0, 255.0, out=img)
+    return img.astype(np.uint8), labels
 
-    # `lum` is the log of the light reaching the sensor, 8-bit levels: log(255 white gain) - OD
-    # (+ log illumination), so the exponential at the end gives 255 white gain light exp(-OD).
+
+def _field_background(config: SynthConfig, plan: _FieldPlan, textured: bool) -> np.ndarray:
+    """(3, H, W) float32 `lum` of the empty field: the log of the light reaching the sensor, in
+    8-bit levels, log(255 white gain) - OD, so the exponential at the end gives 255 white gain
+    light exp(-OD); with `textured`, the background mechanism's texture and debris."""
+    H = W = config.field_size
+    sig = plan.signature
     gain = 255.0 * _WHITE * np.asarray(sig["color"]["rgb_gain"])
     bg_od = np.maximum(np.asarray(_BACKGROUND_OD) + np.asarray(sig["background"]["tint_od"]), 0.0)
     lum = np.empty((3, H, W), dtype=np.float32)
     lum[:] = (np.log(gain) - bg_od).astype(np.float32)[:, None, None]
-    if s["background"] > 0:
+    if textured:
         bg = sig["background"]
         rb = _rng(config, _BACKGROUND, plan.index)
         tex = _smooth_field(rb, H, bg["texture_scale_px"])
         for ch, weight in enumerate(_TEXTURE_COLOR):
             lum[ch] -= tex * np.float32(weight * bg["texture_od"])
-        k = int(rb.poisson(bg["debris_rate"]))
-        if k:
-            ps = max(int(math.ceil(3.0 * 1.8 * f)), 1)
-            g = np.arange(-ps, ps + 1, dtype=np.float32)
-            px = rb.integers(ps, W - ps, size=k)
-            py = rb.integers(ps, H - ps, size=k)
-            frac = rb.random((k, 2)).astype(np.float32) - 0.5
-            rad = (rb.uniform(0.5, 1.8, k) * f).astype(np.float32)
-            amp = rb.uniform(0.3, 1.2, k).astype(np.float32)
-            mix = bg["debris_color_mix"]
-            color = ((1 - mix) * np.asarray(_DEBRIS_COLORS[0]) + mix * np.asarray(_DEBRIS_COLORS[1])).astype(np.float32)
-            d2 = (g[None, None, :] - frac[:, 0, None, None]) ** 2 + (g[None, :, None] - frac[:, 1, None, None]) ** 2
-            blob = amp[:, None, None] * np.exp(-0.5 * d2 / rad[:, None, None] ** 2)
-            specks = color[None, :, None, None] * blob[:, None]
-            for i in range(k):
-                lum[:, py[i] - ps : py[i] + ps + 1, px[i] - ps : px[i] + ps + 1] -= specks[i]
+        _add_debris(lum, rb, bg, config.scale)
+    return lum
 
-    rot = sig["color"]["stain_rotation_deg"]
+
+def _add_debris(lum: np.ndarray, rb: np.random.Generator, bg: dict, f: float) -> None:
+    """Subtract Poisson(debris_rate) Gaussian specks of debris colour from `lum` (3, H, W), in
+    place, drawing from the background stream `rb` after its texture."""
+    _, H, W = lum.shape
+    k = int(rb.poisson(bg["debris_rate"]))
+    if not k:
+        return
+    ps = max(int(math.ceil(3.0 * 1.8 * f)), 1)
+    g = np.arange(-ps, ps + 1, dtype=np.float32)
+    px = rb.integers(ps, W - ps, size=k)
+    py = rb.integers(ps, H - ps, size=k)
+    frac = rb.random((k, 2)).astype(np.float32) - 0.5
+    rad = (rb.uniform(0.5, 1.8, k) * f).astype(np.float32)
+    amp = rb.uniform(0.3, 1.2, k).astype(np.float32)
+    mix = bg["debris_color_mix"]
+    color = ((1 - mix) * np.asarray(_DEBRIS_COLORS[0]) + mix * np.asarray(_DEBRIS_COLORS[1])).astype(np.float32)
+    d2 = (g[None, None, :] - frac[:, 0, None, None]) ** 2 + (g[None, :, None] - frac[:, 1, None, None]) ** 2
+    blob = amp[:, None, None] * np.exp(-0.5 * d2 / rad[:, None, None] ** 2)
+    specks = color[None, :, None, None] * blob[:, None]
+    for i in range(k):
+        lum[:, py[i] - ps : py[i] + ps + 1, px[i] - ps : px[i] + ps + 1] -= specks[i]
+
+
+def _paint_cells(lum: np.ndarray, plan: _FieldPlan, layers: list[tuple], want_labels: bool) -> np.ndarray | None:
+    """Subtract every cell's cytoplasm and nucleus optical density from `lum`, in place, in
+    the stain colours rotated by the field's colour signature; return the (H, W) int32 label
+    map (j + 1 on cell j's mask, later cells win) or None."""
+    _, H, W = lum.shape
+    rot = plan.signature["color"]["stain_rotation_deg"]
     haem = _rotate_stain(np.asarray(_HAEMATOXYLIN, dtype=np.float64), rot).astype(np.float32)[:, None, None]
     cyto = _rotate_stain(np.asarray(_CYTOPLASM_STAINS, dtype=np.float64), rot)
     cyto_vec = ((1 - plan.cyto_mix)[:, None] * cyto[0] + plan.cyto_mix[:, None] * cyto[1]) * plan.cyto_density[:, None]
@@ -753,42 +818,41 @@ def _render_field(config: SynthConfig, plan: _FieldPlan, layers: list[tuple], wa
         lum[:, y - hn : y + hn + 1, x - hn : x + hn + 1] -= haem * nuc
         if want_labels:
             labels[y - hs : y + hs + 1, x - hs : x + hs + 1][cover > 0.5] = j + 1
+    return labels
 
-    if s["illumination"] > 0:
-        il = sig["illumination"]
-        x1 = (np.arange(W) + 0.5) / W - 0.5
-        y1 = (np.arange(H) + 0.5) / H - 0.5
-        log_light = (
-            il["log_gain"]
-            + il["gradient_x"] * x1[None, :]
-            + il["gradient_y"] * y1[:, None]
-            - il["vignetting"] * (4.0 * x1[None, :] ** 2 + 4.0 * y1[:, None] ** 2)
-        )
-        lum += log_light.astype(np.float32)
-    img = np.exp(lum, out=lum)
-    sigma = sig["focus"]["sigma_px"]
-    if sigma > 0:
-        img = ndimage.gaussian_filter(img, (0.0, sigma, sigma), truncate=3.0, mode="reflect")
-    # Sensor noise; the 0.5 makes the final truncation a rounding.
-    img += _gauss(_rng(config, _BASELINE, plan.index), (3, H, W), config.baseline_noise, 0.5)
-    if s["noise"] > 0:
-        nz = sig["noise"]
-        rp = _rng(config, _PATTERN, plan.index)
-        rho = nz["channel_correlation"]
-        common = _gauss(rp, (H, W), nz["amplitude_levels"] * math.sqrt(rho))
-        a = math.radians(nz["banding_angle_deg"])
-        xs = np.arange(W, dtype=np.float32)
-        ys = np.arange(H, dtype=np.float32)
-        phase = (xs[None, :] * np.float32(math.cos(a)) + ys[:, None] * np.float32(math.sin(a))) * np.float32(
-            2.0 * np.pi / nz["banding_period_px"]
-        ) + np.float32(nz["banding_phase"])
-        np.sin(phase, out=phase)
-        phase *= np.float32(nz["banding_levels"])
-        common += phase
-        img += common
-        img += _gauss(rp, (3, H, W), nz["amplitude_levels"] * math.sqrt(1.0 - rho))
-    np.clip(img, 0.0, 255.0, out=img)
-    return img.astype(np.uint8), labels
+
+def _illumination(il: dict, size: int) -> np.ndarray:
+    """(size, size) float32 log light of the illumination signature `il`: gain, gradients and
+    vignetting over the field's pixel centres."""
+    W = H = size
+    x1 = (np.arange(W) + 0.5) / W - 0.5
+    y1 = (np.arange(H) + 0.5) / H - 0.5
+    log_light = (
+        il["log_gain"]
+        + il["gradient_x"] * x1[None, :]
+        + il["gradient_y"] * y1[:, None]
+        - il["vignetting"] * (4.0 * x1[None, :] ** 2 + 4.0 * y1[:, None] ** 2)
+    )
+    return log_light.astype(np.float32)
+
+
+def _sensor_noise(img: np.ndarray, rp: np.random.Generator, nz: dict) -> None:
+    """Add the noise signature `nz` to `img` (3, H, W) in place, drawing from the pattern
+    stream `rp`: noise common to the channels plus banding, then per-channel noise."""
+    _, H, W = img.shape
+    rho = nz["channel_correlation"]
+    common = _gauss(rp, (H, W), nz["amplitude_levels"] * math.sqrt(rho))
+    a = math.radians(nz["banding_angle_deg"])
+    xs = np.arange(W, dtype=np.float32)
+    ys = np.arange(H, dtype=np.float32)
+    phase = (xs[None, :] * np.float32(math.cos(a)) + ys[:, None] * np.float32(math.sin(a))) * np.float32(
+        2.0 * np.pi / nz["banding_period_px"]
+    ) + np.float32(nz["banding_phase"])
+    np.sin(phase, out=phase)
+    phase *= np.float32(nz["banding_levels"])
+    common += phase
+    img += common
+    img += _gauss(rp, (3, H, W), nz["amplitude_levels"] * math.sqrt(1.0 - rho))
 
 
 # ---------------------------------------------------------------------- public API
@@ -1221,13 +1285,32 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
     Raises:
         SynthError: the folder lacks synth.json or manifest.csv, or a crop has the wrong size.
     """
-    from PIL import Image
-
     out = os.fspath(out_dir)
     jpath, mpath = os.path.join(out, "synth.json"), os.path.join(out, "manifest.csv")
     for p in (jpath, mpath):
         if not os.path.isfile(p):
             raise SynthError(f"{p!r} {wrong_kind(p, 'file')}; is {out!r} a folder written by write_synth / shortcutlab synth?")
+    doc, config = _read_synth_json(out, jpath)
+    man = _read_synth_manifest(mpath)
+    has_all = ALL_CELLS_COLUMN in man.columns
+    images, masks, all_cells = _read_crops(_CropReader(out, mpath, man, config.crop_size, has_all), len(man), workers)
+    table = man[["id", "label", "parent", "x", "y", "w", "h"]].copy()
+    cpath = os.path.join(out, "cells.csv")
+    cells = pd.read_csv(cpath, dtype={"id": str}) if os.path.exists(cpath) else None
+    return SynthData(
+        images=torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),
+        masks=torch.from_numpy(masks[:, None]),
+        table=table,
+        fields=doc["fields"],
+        config=config,
+        cells=cells,
+        all_cells=None if all_cells is None else torch.from_numpy(all_cells[:, None]),
+    )
+
+
+def _read_synth_json(out: str, jpath: str) -> tuple[dict, SynthConfig]:
+    """The synth.json document of the benchmark folder `out` and its config; a `SynthError`
+    saying what is wrong when it is not valid JSON, not a benchmark's, or damaged."""
     try:
         with open(jpath, encoding="utf-8") as fh:
             doc = json.load(fh)
@@ -1244,6 +1327,12 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
         config = SynthConfig.from_dict(doc["config"])
     except (TypeError, ValueError) as e:
         raise SynthError(f"{jpath!r}: its config does not load ({' '.join(str(e).split())})") from None
+    return doc, config
+
+
+def _read_synth_manifest(mpath: str) -> pd.DataFrame:
+    """manifest.csv, with its text columns as text; a `SynthError` when it is unreadable or
+    lacks a column."""
     try:
         man = pd.read_csv(mpath, dtype={"id": str, "label": str, "parent": str, "path": str, "mask": str, ALL_CELLS_COLUMN: str},
                           keep_default_na=False)
@@ -1252,41 +1341,53 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
     missing = [col for col in ("id", "path", "mask", "label", "parent", "x", "y", "w", "h") if col not in man.columns]
     if missing:
         raise SynthError(f"{mpath!r} lacks column(s) {', '.join(missing)}; columns are: {', '.join(map(str, man.columns))}")
-    has_all = ALL_CELLS_COLUMN in man.columns
-    c = config.crop_size
+    return man
 
-    def at(col: str, i: int) -> str:  # the manifest is a record: its files stay inside the benchmark folder
-        return inside(out, man[col].iat[i], f"{mpath}: row {i} ({col})", SynthError)
 
-    def load(col: str, i: int, mode: str) -> np.ndarray:
-        path = at(col, i)
+class _CropReader:
+    """``reader(i) -> (image (c, c, 3) uint8, mask (c, c) bool, all-cells mask or None)`` of
+    manifest row i, checking that the files stay inside the benchmark folder (the manifest is
+    a record) and have the crop size."""
+
+    def __init__(self, out: str, mpath: str, man: pd.DataFrame, c: int, has_all: bool) -> None:
+        self.out, self.mpath, self.man, self.c, self.has_all = out, mpath, man, c, has_all
+
+    def load(self, col: str, i: int, mode: str) -> np.ndarray:
+        from PIL import Image
+
+        path = inside(self.out, self.man[col].iat[i], f"{self.mpath}: row {i} ({col})", SynthError)
         try:
             with Image.open(path) as im:
                 return np.asarray(im.convert(mode))
         except (OSError, ValueError) as e:  # missing, a folder, not an image, truncated
-            raise SynthError(f"{mpath}: row {i} ({col}) {path!r} cannot be read as an image "
+            raise SynthError(f"{self.mpath}: row {i} ({col}) {path!r} cannot be read as an image "
                              f"({' '.join(str(e).split()) or type(e).__name__})") from None
 
-    def read(i: int):
-        img = load("path", i, "RGB")
-        msk = load("mask", i, "L") > 127
+    def __call__(self, i: int):
+        c, crop = self.c, self.man["id"].iat[i]
+        img = self.load("path", i, "RGB")
+        msk = self.load("mask", i, "L") > 127
         if img.shape != (c, c, 3) or msk.shape != (c, c):
-            raise SynthError(f"crop {man['id'].iat[i]!r} is {img.shape[1]}x{img.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
+            raise SynthError(f"crop {crop!r} is {img.shape[1]}x{img.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
         alm = None
-        if has_all:
-            alm = load(ALL_CELLS_COLUMN, i, "L") > 127
+        if self.has_all:
+            alm = self.load(ALL_CELLS_COLUMN, i, "L") > 127
             if alm.shape != (c, c):
-                raise SynthError(f"all-cells mask of crop {man['id'].iat[i]!r} is {alm.shape[1]}x{alm.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
+                raise SynthError(f"all-cells mask of crop {crop!r} is {alm.shape[1]}x{alm.shape[0]}, expected {c}x{c} (crop_size in synth.json)")
         return img, msk, alm
 
-    n = len(man)
+
+def _read_crops(read: _CropReader, n: int, workers: int | None):
+    """(n, c, c, 3) uint8 images, (n, c, c) bool masks and all-cells masks (or None) of the
+    `n` manifest rows, read in `workers` threads."""
+    c = read.c
     images = np.empty((n, c, c, 3), dtype=np.uint8)
     masks = np.empty((n, c, c), dtype=bool)
-    all_cells = np.empty((n, c, c), dtype=bool) if has_all else None
+    all_cells = np.empty((n, c, c), dtype=bool) if read.has_all else None
 
     def work(i: int) -> None:
         images[i], masks[i], alm = read(i)
-        if has_all:
+        if all_cells is not None:
             all_cells[i] = alm
 
     workers = _workers(workers)
@@ -1296,15 +1397,4 @@ def load_synth(out_dir: str | os.PathLike, *, workers: int | None = None) -> Syn
     else:
         for i in range(n):
             work(i)
-    table = man[["id", "label", "parent", "x", "y", "w", "h"]].copy()
-    cpath = os.path.join(out, "cells.csv")
-    cells = pd.read_csv(cpath, dtype={"id": str}) if os.path.exists(cpath) else None
-    return SynthData(
-        images=torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),
-        masks=torch.from_numpy(masks[:, None]),
-        table=table,
-        fields=doc["fields"],
-        config=config,
-        cells=cells,
-        all_cells=None if all_cells is None else torch.from_numpy(all_cells[:, None]),
-    )
+    return images, masks, all_cells

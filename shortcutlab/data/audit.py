@@ -207,30 +207,39 @@ def audit(
             result["measured"] = measure_split(table, split.cell(cell))
         else:
             result["measured"] = {c: measure_split(table, split.cell(c)) for c in cells}
-        in_manifest = pd.Index(table.ids).isin(split.assignments["id"].to_numpy(dtype=object))
-        n_unassigned = int((~in_manifest).sum())
-        result["split"] = {
-            "protocol": split.protocol,
-            "params": split.params,
-            "sha256": split.hash,
-            "n_unassigned": n_unassigned,
-        }
-        if n_unassigned and split.protocol != "factorial":
-            warnings.warn(
-                f"the split leaves {n_unassigned} of the table's {table.n_crops} crops unassigned (in no row of the "
-                f"manifest), e.g. {[str(i) for i in table.ids[~in_manifest][:3]]}; were they dropped on purpose?",
-                UserWarning,
-                stacklevel=2,
-            )
-        cells_measured = {"": result["measured"]} if "parents_crossing" in result["measured"] else result["measured"]
-        for c, m in cells_measured.items():
-            where = f" (cell {c!r})" if c else ""
-            for side in ("train", "test"):
-                if side not in m:
-                    notes.append(f"the split{where} has no {side} crops: {'nothing is held out, so no test figure is measured' if side == 'test' else 'no test crop can have a training sibling'}")
+        result["split"] = _split_record(table, split)
+        notes += _empty_side_notes(result["measured"])
         if pixel_siblings or (pixel_siblings is None and table.has_images):
             result["pixel_siblings"] = pixel_sibling_shares(table, split, cell)
     for n in notes:
         warnings.warn(n, SplitWarning, stacklevel=2)
     result["warnings"] = notes
     return result
+
+
+def _split_record(table: CropTable, split: SplitManifest) -> dict:
+    """The audit's ``split`` entry (protocol, params, hash, crops in no row of the manifest);
+    warns (at the audit's caller) when a manifest other than a factorial leaves crops out."""
+    in_manifest = pd.Index(table.ids).isin(split.assignments["id"].to_numpy(dtype=object))
+    n_unassigned = int((~in_manifest).sum())
+    if n_unassigned and split.protocol != "factorial":
+        warnings.warn(
+            f"the split leaves {n_unassigned} of the table's {table.n_crops} crops unassigned (in no row of the "
+            f"manifest), e.g. {[str(i) for i in table.ids[~in_manifest][:3]]}; were they dropped on purpose?",
+            UserWarning,
+            stacklevel=3,
+        )
+    return {"protocol": split.protocol, "params": split.params, "sha256": split.hash, "n_unassigned": n_unassigned}
+
+
+def _empty_side_notes(measured: dict) -> list[str]:
+    """One note per cell of `measured` (one cell's figures, or cell -> figures) without a
+    training or test side."""
+    notes = []
+    cells_measured = {"": measured} if "parents_crossing" in measured else measured
+    for c, m in cells_measured.items():
+        where = f" (cell {c!r})" if c else ""
+        for side in ("train", "test"):
+            if side not in m:
+                notes.append(f"the split{where} has no {side} crops: {'nothing is held out, so no test figure is measured' if side == 'test' else 'no test crop can have a training sibling'}")
+    return notes

@@ -874,8 +874,6 @@ def run(train: str, test: str | None, out: str, *, threshold: int | None = None,
     """
     import time
 
-    import pandas as pd
-
     from shortcutlab.io import atomic_files, to_json
     from shortcutlab.errors import SplitWarning
 
@@ -895,19 +893,7 @@ def run(train: str, test: str | None, out: str, *, threshold: int | None = None,
         res = with_ssim(res, te.read, tr.read, ssim_min)
     seconds = time.perf_counter() - start
     found = res.nearest >= 0
-    frame = pd.DataFrame({
-        "test_id": te.ids, "test_path": te.paths,
-        "train_id": [tr.ids[j] if j >= 0 else "" for j in res.nearest],
-        "train_path": [tr.paths[j] if j >= 0 else "" for j in res.nearest],
-        "distance": pd.Series(res.distance, dtype="Int64").where(found),
-        "transform": [TRANSFORMS[g] if g >= 0 else "" for g in res.transform],
-        "n_train_siblings": res.n_siblings,
-    })
-    if res.ssim is not None:
-        frame["ssim"] = np.round(res.ssim, 4)
-    if res.detail is not None:
-        frame["detail_correlation"] = np.round(res.detail, 4)
-    frame["is_sibling"] = res.is_sibling
+    frame = _pairs_frame(res, tr, te)
     by_transform = {TRANSFORMS[g]: int(((res.transform == g) & res.is_sibling).sum()) for g in range(8)}
     summary = {
         "share": res.share,
@@ -928,11 +914,7 @@ def run(train: str, test: str | None, out: str, *, threshold: int | None = None,
         "seconds": round(seconds, 3),
     }
     test_idx, train_idx = res.pairs()
-    shown = []
-    for i, j in zip(test_idx[:n_sheet], train_idx[:n_sheet]):
-        cap = (f"d={res.distance[i]} {TRANSFORMS[res.transform[i]]}" + (f" ssim {res.ssim[i]:.2f}" if res.ssim is not None else "")
-               + (f" r {res.detail[i]:.2f}" if res.detail is not None else ""))
-        shown.append((te.read(int(i)), tr.read(int(j)), cap))
+    shown = _sheet_pairs(res, tr, te, n_sheet)
     title = f"closest test | training pairs: {len(test_idx)} of {len(te)} test images have a sibling (<= {t} bits)"
     with atomic_files() as stage:
         frame.to_csv(stage.path(os.path.join(out, "siblings.csv")), index=False)
@@ -940,3 +922,38 @@ def run(train: str, test: str | None, out: str, *, threshold: int | None = None,
         with open(stage.path(os.path.join(out, "siblings.json")), "w", encoding="utf-8") as f:
             f.write(to_json(summary))
     return summary
+
+
+def _pairs_frame(res, tr, te):
+    """siblings.csv: one row per test image with its nearest training image (empty where none
+    is within the threshold), distance, transform, sibling count, the confirmation figures
+    and ``is_sibling``."""
+    import pandas as pd
+
+    found = res.nearest >= 0
+    frame = pd.DataFrame({
+        "test_id": te.ids, "test_path": te.paths,
+        "train_id": [tr.ids[j] if j >= 0 else "" for j in res.nearest],
+        "train_path": [tr.paths[j] if j >= 0 else "" for j in res.nearest],
+        "distance": pd.Series(res.distance, dtype="Int64").where(found),
+        "transform": [TRANSFORMS[g] if g >= 0 else "" for g in res.transform],
+        "n_train_siblings": res.n_siblings,
+    })
+    if res.ssim is not None:
+        frame["ssim"] = np.round(res.ssim, 4)
+    if res.detail is not None:
+        frame["detail_correlation"] = np.round(res.detail, 4)
+    frame["is_sibling"] = res.is_sibling
+    return frame
+
+
+def _sheet_pairs(res, tr, te, n_sheet: int) -> list[tuple]:
+    """The first `n_sheet` sibling pairs as (test image, training image, caption) for the
+    contact sheet."""
+    test_idx, train_idx = res.pairs()
+    shown = []
+    for i, j in zip(test_idx[:n_sheet], train_idx[:n_sheet]):
+        cap = (f"d={res.distance[i]} {TRANSFORMS[res.transform[i]]}" + (f" ssim {res.ssim[i]:.2f}" if res.ssim is not None else "")
+               + (f" r {res.detail[i]:.2f}" if res.detail is not None else ""))
+        shown.append((te.read(int(i)), tr.read(int(j)), cap))
+    return shown

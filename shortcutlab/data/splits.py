@@ -521,49 +521,11 @@ def dedup_split(
         >>> m.report["parents_after_merge"]   # p and q merge: crops b and a are 1 bit apart
         3
     """
-    from shortcutlab.data import dedup
-
     q, v = _check_fractions(test_fraction, val_fraction)
     _check_unit(unit)
     unit = "group" if unit in ("group", "patient") else "parent"
-    if invariant:
-        if hashes is not None or not table.has_images:
-            raise SplitError(
-                "parent-dedup with invariant=True (--invariant) hashes the crop images under flips and rotations: "
-                "give an image column (--image COL), not stored hashes"
-            )
-        from shortcutlab.data.siblings import dihedral_hashes, read_image
-
-        ids = table.ids
-        variants = dihedral_hashes([read_image(p, ids[k]) for k, p in enumerate(table.frame["image"].tolist())])
-        res = dedup.link_parents_dihedral(table.parent_codes, variants, max_distance=max_distance)
-        method = "phash-64 under the 8 dihedral transforms, multi-index hashing + connected components"
-    else:
-        if hashes is None and "phash" in table.frame.columns:
-            hashes = "phash"
-        if hashes is None:
-            if not table.has_images:
-                raise SplitError("parent-dedup needs perceptual hashes: give an image column (--image COL) or a hash column (--hash-column COL)")
-            h = dedup.perceptual_hashes(table.frame["image"].tolist())
-        else:
-            h = _hashes_by_id(table, hashes)
-        res = dedup.link_parents(table.parent_codes, h, max_distance=max_distance)
-        method = "phash-64 multi-index hashing + connected components"
-    # A merged parent is named after its first member, so manifests stay readable.
-    frame = table.to_frame()
-    frame["parent"] = table.parents[res.first_parents[res.merged_codes]]
-    if table.has_group:
-        # Parents merged across patients join those patients: groups become the connected
-        # components of the merged-parent / group graph, named after their first group.
-        from scipy.sparse.csgraph import connected_components
-
-        g = table.group_codes
-        M, G = int(res.merged_codes.max()) + 1, int(g.max()) + 1
-        graph = csr_matrix((np.ones(len(g)), (res.merged_codes, M + g)), shape=(M + G, M + G))
-        _, comp = connected_components(graph, directed=False)
-        first_group = pd.Series(g).groupby(comp[M + g]).transform("min").to_numpy()
-        frame["group"] = table._group_factor[1][first_group]
-    merged = CropTable(frame, source=table.source + " (near-duplicate parents merged)")
+    res, method = _near_duplicate_links(table, hashes, max_distance, invariant)
+    merged = _merge_linked_parents(table, res)
     side, codes = _unit_sides(merged, q, v, seed, unit)
     rep = _side_report(merged, side)
     _refuse_empty_sides(
@@ -590,6 +552,56 @@ def dedup_split(
         "dedup": {"method": method, "max_distance": int(max_distance), **({"invariant": True} if invariant else {})},
     }
     return _manifest(table, side, "parent-dedup", params, rep)
+
+
+def _near_duplicate_links(table: CropTable, hashes: HashesById | None, max_distance: int, invariant: bool):
+    """The parents linked by near-duplicate crops (a `dedup` link result) and the method's
+    description for the manifest, from `hashes`, the phash column or the crop images
+    (`dedup_split` says which wins)."""
+    from shortcutlab.data import dedup
+
+    if invariant:
+        if hashes is not None or not table.has_images:
+            raise SplitError(
+                "parent-dedup with invariant=True (--invariant) hashes the crop images under flips and rotations: "
+                "give an image column (--image COL), not stored hashes"
+            )
+        from shortcutlab.data.siblings import dihedral_hashes, read_image
+
+        ids = table.ids
+        variants = dihedral_hashes([read_image(p, ids[k]) for k, p in enumerate(table.frame["image"].tolist())])
+        res = dedup.link_parents_dihedral(table.parent_codes, variants, max_distance=max_distance)
+        return res, "phash-64 under the 8 dihedral transforms, multi-index hashing + connected components"
+    if hashes is None and "phash" in table.frame.columns:
+        hashes = "phash"
+    if hashes is None:
+        if not table.has_images:
+            raise SplitError("parent-dedup needs perceptual hashes: give an image column (--image COL) or a hash column (--hash-column COL)")
+        h = dedup.perceptual_hashes(table.frame["image"].tolist())
+    else:
+        h = _hashes_by_id(table, hashes)
+    res = dedup.link_parents(table.parent_codes, h, max_distance=max_distance)
+    return res, "phash-64 multi-index hashing + connected components"
+
+
+def _merge_linked_parents(table: CropTable, res) -> CropTable:
+    """`table` with each set of linked parents merged into one, named after its first member
+    so that manifests stay readable; with a group column, parents merged across patients join
+    those patients."""
+    frame = table.to_frame()
+    frame["parent"] = table.parents[res.first_parents[res.merged_codes]]
+    if table.has_group:
+        # Groups become the connected components of the merged-parent / group graph, named
+        # after their first group.
+        from scipy.sparse.csgraph import connected_components
+
+        g = table.group_codes
+        M, G = int(res.merged_codes.max()) + 1, int(g.max()) + 1
+        graph = csr_matrix((np.ones(len(g)), (res.merged_codes, M + g)), shape=(M + G, M + G))
+        _, comp = connected_components(graph, directed=False)
+        first_group = pd.Series(g).groupby(comp[M + g]).transform("min").to_numpy()
+        frame["group"] = table._group_factor[1][first_group]
+    return CropTable(frame, source=table.source + " (near-duplicate parents merged)")
 
 
 # ---------------------------------------------------------------------------- ladder
@@ -814,32 +826,89 @@ def factorial_split(
             0 (the default) leaves the design, and its hash, as without the option.
     """
     _check_factorial_params(test_parent_share, diversity_contrast, n_per_class, allocation, reserve_parent_share)
+    # The draws below share one generator in a fixed order (dominant-class tie-breaks, test
+    # parents, crop priorities, the permutation of the other parents): reordering them would
+    # change every design and its hash.
     rng = _rng(seed, _FACTORIAL)
-    N, C, P = table.n_crops, table.n_classes, table.n_parents
-    crop_parent, labels = table.parent_codes, table.label_codes
-    k = table.parent_sizes
+    C = table.n_classes
     V = table.class_counts_per_unit("parent")
-
     dom = np.argmax(V + rng.random(V.shape) * 1e-3, axis=1)
+    test_parents = _factorial_test_parents(rng, table.parent_sizes, dom, C, test_parent_share)
+    is_test_parent = np.zeros(table.n_parents, dtype=bool)
+    is_test_parent[test_parents] = True
+    prio, test, sibling = _factorial_test_crops(rng, table, is_test_parent)
+    others, reserved = _factorial_other_parents(rng, is_test_parent, dom, C, reserve_parent_share)
+    class_n = np.bincount(table.label_codes, minlength=C).astype(np.float64)
+    weight = np.ones(C) if allocation == "balanced" else class_n / np.maximum(class_n.max(), 1)
+    masks, targets, n = _factorial_design(table, dom, test_parents, others, test, sibling, prio, weight,
+                                          float(diversity_contrast), n_per_class)
+
+    params = {
+        "seed": int(seed),
+        "test_parent_share": float(test_parent_share),
+        "diversity_contrast": float(diversity_contrast),
+        "n_per_class": n,
+        "allocation": allocation,
+        "unit": "crop (factorial)",
+    }
+    if reserve_parent_share > 0:
+        params["reserve_parent_share"] = float(reserve_parent_share)
+    report = _factorial_report(table, masks, test, is_test_parent, targets, n, len(test_parents),
+                               len(reserved) if reserve_parent_share > 0 else None)
+    frames = []
+    ids = table.ids
+    for name in FACTORIAL_CELLS:
+        frames.append(pd.DataFrame({"id": ids[masks[name]], "split": "train", "cell": name}))
+        frames.append(pd.DataFrame({"id": ids[test], "split": "test", "cell": name}))
+    return SplitManifest(pd.concat(frames, ignore_index=True), protocol="factorial", params=params, report=report)
+
+
+def _factorial_report(table: CropTable, masks: dict[str, np.ndarray], test: np.ndarray, is_test_parent: np.ndarray,
+                      targets: np.ndarray, n: int, n_test_parents: int, n_reserved: int | None) -> dict:
+    """The factorial manifest's report: `_check_factorial`'s counts (it raises if a matching
+    constraint fails), the test set and targets, reserved parents (None: no reserve) and the
+    empty class sides of every cell."""
+    report = _check_factorial(table, masks, test, is_test_parent, targets)
+    report.update(
+        {
+            "n_test": int(test.sum()),
+            "n_test_parents": int(n_test_parents),
+            "n_per_class": n,
+            "train_crops_per_class": {c: int(t) for c, t in zip(table.classes, targets)},
+        }
+    )
+    if n_reserved is not None:
+        report["n_reserved_parents"] = int(n_reserved)
+    report["empty_class_sides"] = []
+    for name in FACTORIAL_CELLS:
+        side = np.where(test, 2, np.where(masks[name], 0, -1)).astype(np.int8)
+        report["empty_class_sides"] += _empty_class_sides(table, side, False, "factorial", cell=name)
+    return report
+
+def _factorial_test_parents(rng: np.random.Generator, k: np.ndarray, dom: np.ndarray, C: int, share: float) -> np.ndarray:
+    """Sorted codes of the test parents: a `share` of the multi-crop parents (k >= 2) of each
+    dominant class, drawn within the class so that every class keeps enough other parents to
+    swap them for."""
     multi = np.flatnonzero(k >= 2)
     if len(multi) < 1:
         raise SplitError("the factorial needs multi-crop parents for its test set; every parent of this table has one crop")
-    # Test parents are drawn within each dominant class, so that every class keeps enough
-    # other parents to swap them for.
     picks = []
     for c in range(C):
         m_c = multi[dom[multi] == c]
-        n_c = int(round(test_parent_share * len(m_c)))
+        n_c = int(round(share * len(m_c)))
         if n_c:
             picks.append(rng.choice(m_c, size=n_c, replace=False))
     test_parents = np.sort(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
-    n_test_parents = len(test_parents)
-    if n_test_parents < 1:
-        raise SplitError(f"test_parent_share {test_parent_share} selects no test parent among {len(multi)} multi-crop parents")
-    is_test_parent = np.zeros(P, dtype=bool)
-    is_test_parent[test_parents] = True
+    if len(test_parents) < 1:
+        raise SplitError(f"test_parent_share {share} selects no test parent among {len(multi)} multi-crop parents")
+    return test_parents
 
-    # Half of each test parent's crops (in random order) form the common test set.
+
+def _factorial_test_crops(rng: np.random.Generator, table: CropTable, is_test_parent: np.ndarray):
+    """(N,) crop priorities (a random permutation, lower first), the common test set (half of
+    each test parent's crops, k // 2, in priority order) and the test parents' other crops
+    (their siblings in training)."""
+    N, crop_parent, k = table.n_crops, table.parent_codes, table.parent_sizes
     prio = rng.permutation(N)
     order = np.lexsort((prio, crop_parent))
     starts = np.r_[0, np.cumsum(k)[:-1]]
@@ -847,36 +916,41 @@ def factorial_split(
     rank_in_parent[order] = np.arange(N) - np.repeat(starts, k)
     test = is_test_parent[crop_parent] & (rank_in_parent < (k // 2)[crop_parent])
     sibling = is_test_parent[crop_parent] & ~test
+    return prio, test, sibling
 
+
+def _factorial_other_parents(rng: np.random.Generator, is_test_parent: np.ndarray, dom: np.ndarray, C: int,
+                             reserve_share: float) -> tuple[np.ndarray, np.ndarray]:
+    """The non-test parents in random order (cells take them from the front), and the sorted
+    reserved ones: the first `reserve_share` of each dominant class in the same permutation
+    (no extra draw, so the default design is unchanged)."""
     others = np.flatnonzero(~is_test_parent)
     others = others[rng.permutation(len(others))]
-    # Reserved parents are the first of each class in the same permutation (no extra draw, so
-    # the default design is unchanged).
     keep = np.ones(len(others), dtype=bool)
     for c in range(C):
         pos = np.flatnonzero(dom[others] == c)
-        keep[pos[: int(round(reserve_parent_share * len(pos)))]] = False
-    reserved = np.sort(others[~keep])
-    others = others[keep]
-    avail = ~test
-    class_n = np.bincount(labels, minlength=C).astype(np.float64)
-    weight = np.ones(C) if allocation == "balanced" else class_n / np.maximum(class_n.max(), 1)
+        keep[pos[: int(round(reserve_share * len(pos)))]] = False
+    return others[keep], np.sort(others[~keep])
 
-    # Each parent of a cell gives at least one crop, so a class cannot hold more parents than
-    # crops. The parent counts and the crops per class depend on each other; shrinking both
-    # from "all other parents" reaches the largest consistent design in a few rounds.
+
+def _factorial_design(table: CropTable, dom: np.ndarray, test_parents: np.ndarray, others: np.ndarray, test: np.ndarray,
+                      sibling: np.ndarray, prio: np.ndarray, weight: np.ndarray, contrast: float,
+                      n_per_class: int | None) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """(cell -> (N,) bool training mask, (C,) training crops per class, n per class) of the
+    largest consistent design, or of the one `n_per_class` asks for.
+
+    Each parent of a cell gives at least one crop, so a class cannot hold more parents than
+    crops. The parent counts and the crops per class depend on each other; shrinking both
+    from "all other parents" reaches the largest consistent design in a few rounds.
+    """
+    C, N, crop_parent, labels = table.n_classes, table.n_crops, table.parent_codes, table.label_codes
+    avail = ~test
     cap = np.full(C, np.iinfo(np.int64).max)
     for _ in range(200):
-        cells = _factorial_cells(others, test_parents, dom, C, float(diversity_contrast), cap, table.classes)
+        cells = _factorial_cells(others, test_parents, dom, C, contrast, cap, table.classes)
         n = n_per_class
         if n is None:
-            # The largest scale that every cell can supply in every class.
-            scale = np.inf
-            for ps in cells.values():
-                m = np.isin(crop_parent, ps) & avail
-                have = np.bincount(labels[m], minlength=C)
-                scale = min(scale, float(np.min(have / weight)))
-            n = int(np.floor(scale + 1e-9))
+            n = _factorial_largest_n(table, cells, avail, weight)
         if int(n) < 1:
             raise SplitError(f"n_per_class must be >= 1, got {n}")
         targets = np.floor(weight * int(n) + 1e-9).astype(np.int64)
@@ -886,7 +960,7 @@ def factorial_split(
             for name in FACTORIAL_CELLS:
                 must = sibling if name.startswith("leak") else np.zeros(N, dtype=bool)
                 masks[name] = _allocate_cell(cells[name], avail, must, labels, crop_parent, prio, targets, name, table.classes)
-            break
+            return masks, targets, int(n)
         except _Uncovered as e:
             if n_per_class is not None:
                 raise
@@ -896,41 +970,19 @@ def factorial_split(
             if (new_cap == cap).all():
                 raise
             cap = new_cap
-    else:
-        raise SplitError("the factorial found no feasible design in 200 rounds; pass --n-per-class explicitly")
-    n_per_class = int(n)
+    raise SplitError("the factorial found no feasible design in 200 rounds; pass --n-per-class explicitly")
 
-    report = _check_factorial(table, masks, test, is_test_parent, targets)
-    report.update(
-        {
-            "n_test": int(test.sum()),
-            "n_test_parents": int(n_test_parents),
-            "n_per_class": n_per_class,
-            "train_crops_per_class": {c: int(t) for c, t in zip(table.classes, targets)},
-        }
-    )
-    if reserve_parent_share > 0:
-        report["n_reserved_parents"] = int(len(reserved))
-    report["empty_class_sides"] = []
-    for name in FACTORIAL_CELLS:
-        side = np.where(test, 2, np.where(masks[name], 0, -1)).astype(np.int8)
-        report["empty_class_sides"] += _empty_class_sides(table, side, False, "factorial", cell=name)
-    frames = []
-    ids = table.ids
-    for name in FACTORIAL_CELLS:
-        frames.append(pd.DataFrame({"id": ids[masks[name]], "split": "train", "cell": name}))
-        frames.append(pd.DataFrame({"id": ids[test], "split": "test", "cell": name}))
-    params = {
-        "seed": int(seed),
-        "test_parent_share": float(test_parent_share),
-        "diversity_contrast": float(diversity_contrast),
-        "n_per_class": n_per_class,
-        "allocation": allocation,
-        "unit": "crop (factorial)",
-    }
-    if reserve_parent_share > 0:
-        params["reserve_parent_share"] = float(reserve_parent_share)
-    return SplitManifest(pd.concat(frames, ignore_index=True), protocol="factorial", params=params, report=report)
+
+def _factorial_largest_n(table: CropTable, cells: dict[str, np.ndarray], avail: np.ndarray, weight: np.ndarray) -> int:
+    """The largest scale n (class targets ``floor(weight * n)``) that every cell's available
+    crops can supply in every class."""
+    crop_parent, labels, C = table.parent_codes, table.label_codes, table.n_classes
+    scale = np.inf
+    for ps in cells.values():
+        m = np.isin(crop_parent, ps) & avail
+        have = np.bincount(labels[m], minlength=C)
+        scale = min(scale, float(np.min(have / weight)))
+    return int(np.floor(scale + 1e-9))
 
 
 def _check_factorial(table, masks, test, is_test_parent, targets) -> dict:

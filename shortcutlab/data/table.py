@@ -138,64 +138,26 @@ class CropTable:
                 size_col = None
             except ValueError:
                 pass
+        optional = {"group": group, "image": image, "mask": mask, "phash": phash}
 
         wanted = {"label": [label], "parent": [parent]}
         if id_cols:
             wanted["id"] = id_cols
-        for name, col in (("group", group), ("image", image), ("mask", mask), ("phash", phash)):
-            if col is not None:
-                wanted[name] = [col]
+        wanted.update({name: [col] for name, col in optional.items() if col is not None})
         if box_cols:
             wanted["box"] = box_cols
         if center_cols:
             wanted["center"] = center_cols
         if size_col:
             wanted["crop size"] = [size_col]
-        columns = [str(c) for c in df.columns]
-        for role, cols in wanted.items():
-            for c in cols:
-                if c not in df.columns:
-                    raise TableError(
-                        f"{role} column {c!r} is missing from {source}; columns are: {', '.join(columns)}"
-                    )
+        _require_columns(df, wanted, source)
 
-        n = len(df)
-        out: dict[str, object] = {}
-        if id_cols:
-            parts = [_as_string(df[c], f"id column {c!r}") for c in id_cols]
-            ids = parts[0]
-            for p in parts[1:]:
-                ids = ids.str.cat(p, sep="/")
-            out["id"] = ids
-        else:
-            out["id"] = pd.Series(np.arange(n).astype(str), index=df.index)
-        out["label"] = _as_string(df[label], f"label column {label!r}")
-        out["parent"] = _as_string(df[parent], f"parent column {parent!r}")
-        if group is not None:
-            out["group"] = _as_string(df[group], f"group column {group!r}")
-        if image is not None:
-            out["image"] = _as_string(df[image], f"image column {image!r}")
-        if mask is not None:
-            out["mask"] = _as_string(df[mask], f"mask column {mask!r}")
-        if phash is not None:
-            out["phash"] = _as_string(df[phash], f"phash column {phash!r}")
-
+        out = _text_columns(df, id_cols, label, parent, optional)
         if box_cols:
             for key, c in zip(_GEOMETRY, box_cols):
                 out[key] = _as_number(df[c], f"box column {c!r}")
         elif center_cols:
-            cx = _as_number(df[center_cols[0]], f"center column {center_cols[0]!r}")
-            cy = _as_number(df[center_cols[1]], f"center column {center_cols[1]!r}")
-            if size_col:
-                size = _as_number(df[size_col], f"crop size column {size_col!r}")
-            else:
-                size = float(crop_size)  # type: ignore[arg-type]
-                if not np.isfinite(size) or size <= 0:
-                    raise TableError(f"crop size must be a positive number of pixels, got {crop_size!r}")
-            out["x"] = cx - np.asarray(size) / 2.0
-            out["y"] = cy - np.asarray(size) / 2.0
-            out["w"] = np.broadcast_to(np.asarray(size, dtype=float), (n,)).copy() if np.ndim(size) == 0 else size
-            out["h"] = out["w"].copy() if isinstance(out["w"], np.ndarray) else out["w"]
+            out.update(_boxes_from_centers(df, center_cols, size_col, crop_size))
 
         frame = pd.DataFrame({k: np.asarray(v) if not isinstance(v, pd.Series) else v.to_numpy() for k, v in out.items()})
         return cls(frame, source=source)
@@ -360,6 +322,58 @@ class CropTable:
 
 
 # ---------------------------------------------------------------------- helpers
+def _require_columns(df: pd.DataFrame, wanted: dict[str, list[str]], source: str) -> None:
+    """A `TableError` naming the first column of `wanted` (role -> column names) that `df`
+    lacks, and the columns it has."""
+    columns = [str(c) for c in df.columns]
+    for role, cols in wanted.items():
+        for c in cols:
+            if c not in df.columns:
+                raise TableError(
+                    f"{role} column {c!r} is missing from {source}; columns are: {', '.join(columns)}"
+                )
+
+
+def _text_columns(df: pd.DataFrame, id_cols: list[str] | None, label: str, parent: str,
+                  optional: dict[str, str | None]) -> dict[str, object]:
+    """The table's text columns read from `df`: id (joined from `id_cols` with '/', or the row
+    number), label, parent and each `optional` role (group, image, mask, phash) given a
+    column."""
+    out: dict[str, object] = {}
+    if id_cols:
+        parts = [_as_string(df[c], f"id column {c!r}") for c in id_cols]
+        ids = parts[0]
+        for p in parts[1:]:
+            ids = ids.str.cat(p, sep="/")
+        out["id"] = ids
+    else:
+        out["id"] = pd.Series(np.arange(len(df)).astype(str), index=df.index)
+    out["label"] = _as_string(df[label], f"label column {label!r}")
+    out["parent"] = _as_string(df[parent], f"parent column {parent!r}")
+    for role, col in optional.items():
+        if col is not None:
+            out[role] = _as_string(df[col], f"{role} column {col!r}")
+    return out
+
+
+def _boxes_from_centers(df: pd.DataFrame, center_cols: list[str], size_col: str | None, crop_size) -> dict[str, object]:
+    """Box columns x, y, w, h of square crops centred on the `center_cols` (cx, cy), of side
+    `crop_size` (a number) or the `size_col` column."""
+    n = len(df)
+    cx = _as_number(df[center_cols[0]], f"center column {center_cols[0]!r}")
+    cy = _as_number(df[center_cols[1]], f"center column {center_cols[1]!r}")
+    if size_col:
+        size = _as_number(df[size_col], f"crop size column {size_col!r}")
+    else:
+        size = float(crop_size)
+        if not np.isfinite(size) or size <= 0:
+            raise TableError(f"crop size must be a positive number of pixels, got {crop_size!r}")
+    out: dict[str, object] = {"x": cx - np.asarray(size) / 2.0, "y": cy - np.asarray(size) / 2.0}
+    out["w"] = np.broadcast_to(np.asarray(size, dtype=float), (n,)).copy() if np.ndim(size) == 0 else size
+    out["h"] = out["w"].copy() if isinstance(out["w"], np.ndarray) else out["w"]
+    return out
+
+
 def _not_utf8(path: str) -> str:
     """Message for a table that is not UTF-8: the first bad byte, its offset and its line."""
     with open(path, "rb") as f:

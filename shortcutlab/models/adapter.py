@@ -266,6 +266,24 @@ _MEAN_HINT = (
 )
 
 
+def _normalisation_of(model: nn.Module, mean, std, missing: list[str]) -> tuple:
+    """(mean, std) as given, or from a timm model's ``pretrained_cfg`` when neither is given;
+    appends the hint to `missing` when there is none.
+
+    Raises:
+        ModelError: only one of mean and std is given.
+    """
+    cfg = getattr(model, "pretrained_cfg", None)
+    cfg = cfg if isinstance(cfg, dict) else {}
+    if mean is None and std is None and cfg.get("mean") is not None and cfg.get("std") is not None:
+        mean, std = cfg["mean"], cfg["std"]
+    elif (mean is None) != (std is None):
+        raise ModelError(f"pass both mean= and std= (or neither for a timm model); got only {'mean' if std is None else 'std'}=")
+    elif mean is None:
+        missing.append(_MEAN_HINT)
+    return mean, std
+
+
 # ---------------------------------------------------------------------------------- adapter
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
@@ -327,30 +345,9 @@ class ModelAdapter(nn.Module):
         if not isinstance(model, nn.Module):
             raise ModelError(f"wrap() needs a torch nn.Module; got {type(model).__name__}")
         self.model = model
-        kind = type(model).__name__
         timm_like = _is_timm(model)
-        missing: list[str] = []
-
-        # The classifier.
-        head_name: str | None = None
-        if head is not None:
-            head_name = _resolve(model, head, "head")
-        elif timm_like:
-            clf = model.get_classifier()
-            if not isinstance(clf, nn.Module) or isinstance(clf, (nn.ModuleList, nn.ModuleDict)):
-                n = len(clf) if isinstance(clf, (tuple, list, nn.ModuleList, nn.ModuleDict)) else 1
-                raise ModelError(
-                    f"get_classifier() of {kind} returns {n} modules ({type(clf).__name__}), e.g. a distilled "
-                    "model's two heads; one adapter needs one classifier: pass head= and feature_layer= explicitly"
-                )
-            if isinstance(clf, nn.Identity) or next(clf.parameters(), None) is None:
-                raise ModelError(
-                    f"{kind} has no classifier (get_classifier() is {type(clf).__name__}, num_classes="
-                    f"{getattr(model, 'num_classes', '?')}); create it with num_classes=K or pass head="
-                )
-            head_name = _name_of(model, clf, "head")
-        else:
-            missing.append(f"head= (the final classifier module or its name, e.g. head={self._suggest_head(model)!r})")
+        missing: list[str] = []  # what the caller must pass, gathered into one error
+        head_name = self._find_head(model, head, timm_like, missing)
 
         # Where features come from: timm's forward_head, or a hook.
         self.is_timm = timm_like and feature_layer is None
@@ -358,28 +355,62 @@ class ModelAdapter(nn.Module):
         if feature_layer is not None:
             self._feature_name = _resolve(model, feature_layer, "feature_layer")
 
-        # Input normalisation.
-        cfg = getattr(model, "pretrained_cfg", None)
-        cfg = cfg if isinstance(cfg, dict) else {}
-        if mean is None and std is None and cfg.get("mean") is not None and cfg.get("std") is not None:
-            mean, std = cfg["mean"], cfg["std"]
-        elif (mean is None) != (std is None):
-            raise ModelError(f"pass both mean= and std= (or neither for a timm model); got only {'mean' if std is None else 'std'}=")
-        elif mean is None:
-            missing.append(_MEAN_HINT)
-
+        mean, std = _normalisation_of(model, mean, std, missing)
         if missing:
-            why = (
-                "it is not a timm model (no get_classifier() / forward_head())"
-                if not timm_like
-                else "its timm pretrained_cfg has no mean / std"
-            )
-            optional = "" if timm_like else (
-                "; optionally feature_layer= (default: the input of head) and cam_layer= (for Grad-CAM, "
-                f"e.g. cam_layer={self._suggest_cam(model)!r})"
-            )
-            raise ModelError(f"cannot adapt {kind}: {why}, and shortcutlab does not guess; pass " + ", ".join(missing) + optional)
+            self._refuse_guess(model, timm_like, missing)
+        self._register_normalisation(model, mean, std)
 
+        self._head_name: str = head_name  # type: ignore[assignment]
+        self._check_head(self._get(self._head_name), "head")
+        self._set_cam(model, cam_layer, token_layout, timm_like)
+
+        self._num_features: int | None = None
+        self._num_classes: int | None = None
+        self._verified = False
+        self.check_range = True
+        if device is not None:
+            self.to(device)
+
+    # --------------------------------------------------------------------- construction steps
+    def _find_head(self, model: nn.Module, head, timm_like: bool, missing: list[str]) -> str | None:
+        """The classifier's module name: `head` resolved, or timm's ``get_classifier()``; None
+        (with a hint appended to `missing`) for a non-timm model without `head`."""
+        kind = type(model).__name__
+        if head is not None:
+            return _resolve(model, head, "head")
+        if not timm_like:
+            missing.append(f"head= (the final classifier module or its name, e.g. head={self._suggest_head(model)!r})")
+            return None
+        clf = model.get_classifier()
+        if not isinstance(clf, nn.Module) or isinstance(clf, (nn.ModuleList, nn.ModuleDict)):
+            n = len(clf) if isinstance(clf, (tuple, list, nn.ModuleList, nn.ModuleDict)) else 1
+            raise ModelError(
+                f"get_classifier() of {kind} returns {n} modules ({type(clf).__name__}), e.g. a distilled "
+                "model's two heads; one adapter needs one classifier: pass head= and feature_layer= explicitly"
+            )
+        if isinstance(clf, nn.Identity) or next(clf.parameters(), None) is None:
+            raise ModelError(
+                f"{kind} has no classifier (get_classifier() is {type(clf).__name__}, num_classes="
+                f"{getattr(model, 'num_classes', '?')}); create it with num_classes=K or pass head="
+            )
+        return _name_of(model, clf, "head")
+
+    def _refuse_guess(self, model: nn.Module, timm_like: bool, missing: list[str]) -> None:
+        """The `ModelError` listing everything in `missing` that the caller must pass."""
+        why = (
+            "it is not a timm model (no get_classifier() / forward_head())"
+            if not timm_like
+            else "its timm pretrained_cfg has no mean / std"
+        )
+        optional = "" if timm_like else (
+            "; optionally feature_layer= (default: the input of head) and cam_layer= (for Grad-CAM, "
+            f"e.g. cam_layer={self._suggest_cam(model)!r})"
+        )
+        raise ModelError(f"cannot adapt {type(model).__name__}: {why}, and shortcutlab does not guess; pass "
+                         + ", ".join(missing) + optional)
+
+    def _register_normalisation(self, model: nn.Module, mean, std) -> None:
+        """The (1, 3, 1, 1) `mean` and `std` buffers, on the model's device in its float dtype."""
         mean_t, std_t = _stats(mean, "mean"), _stats(std, "std")
         if (std_t <= 0).any():
             raise ModelError(f"std must be > 0 for every channel; got {tuple(std_t.tolist())}")
@@ -390,10 +421,8 @@ class ModelAdapter(nn.Module):
         self.register_buffer("mean", mean_t.to(device=ref.device, dtype=dtype).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", std_t.to(device=ref.device, dtype=dtype).view(1, 3, 1, 1), persistent=False)
 
-        self._head_name: str = head_name  # type: ignore[assignment]
-        self._check_head(self._get(self._head_name), "head")
-
-        # Grad-CAM layer and layout.
+    def _set_cam(self, model: nn.Module, cam_layer, token_layout, timm_like: bool) -> None:
+        """The Grad-CAM layer's name (given, timm's last stage, or None) and its token layout."""
         if token_layout is not None:
             self.token_layout = TokenLayout.coerce(token_layout)
         elif timm_like:
@@ -404,13 +433,6 @@ class ModelAdapter(nn.Module):
             self._cam_name: str | None = _resolve(model, cam_layer, "cam_layer")
         else:
             self._cam_name = _timm_cam_layer(model, self._head_name) if timm_like else None
-
-        self._num_features: int | None = None
-        self._num_classes: int | None = None
-        self._verified = False
-        self.check_range = True
-        if device is not None:
-            self.to(device)
 
     # --------------------------------------------------------------------- suggestions
     @staticmethod

@@ -298,41 +298,10 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
     if note:
         warnings.warn(note, ControlWarning, stacklevel=2)
         notes.append(note)
-    if delete == "cell" and masks is not None:
-        want = (len(crops.images), 1, *crops.images.shape[2:])
-        if not isinstance(masks, torch.Tensor) or tuple(masks.shape) != want:
-            got = tuple(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
-            raise LitmusError(f"masks= must be a tensor of shape {want} (one mask per crop, in the crops' rows); got {got}")
-        crops = CropImages(crops.images, masks, crops.table)
     if delete == "cell":
-        if crops.masks is None:
-            raise LitmusError("--delete cell needs cell masks, but the crop manifest has no mask column (--mask COL); or use --delete labels")
-        if config.mask_background:
-            raise LitmusError("--delete cell cannot be combined with --mask-background: the crops would hold nothing but the fill")
-        used, empty = empty_masks(crops, side, mask_name)
-        n_empty = int(empty.sum())
-        where = f"the cell masks{f' ({mask_name})' if mask_name else ''}"
-        if n_empty:
-            msg = (f"{where} are empty in {n_empty} of the split's {len(used)} crops (e.g. {crops.table.ids[used[empty][0]]!r}): "
-                   "nothing is deleted there, so those crops keep their cells")
-            warnings.warn(msg, ControlWarning, stacklevel=2)
-            notes.append(msg)
-        single = centred_single_cell_share(crops.masks)
-        if single >= SINGLE_CELL_WARN_SHARE:
-            msg = (f"the masks{f' ({mask_name})' if mask_name else ''} look like one centred cell per crop in {100 * single:.1f}% of crops: "
-                   "other cells in a crop are not deleted and can carry the class (on the synthetic benchmark they do); "
-                   "give --delete cell a mask of every cell in the crop (synthetic benchmark: column all_cells_mask)")
-            warnings.warn(msg, ControlWarning, stacklevel=2)
-            notes.append(msg)
-        value = config.background_fill
-
-        def transform(x, m, index):
-            z = crop_noise(index, tuple(x.shape[1:]), seed).to(x.device) if fill == "noise" else None
-            return delete_cell(x, m, fill=fill, value=value, dilate=dilate, noise=z)
-
-        data = TransformedCrops(crops.images, crops.masks, crops.table, transform=transform)
+        data, cell_settings = _cell_deleted(crops, side, config, fill, dilate, seed, masks, mask_name, notes)
     else:
-        data = relabelled_crops(crops, seed)
+        data, cell_settings = relabelled_crops(crops, seed), {}
     ref = reference if reference is not None else reference_split(crops.table, split, cell, seed)
     rows = []
     for name, s, c in (("given", split, cell), ("parent", ref, None)):
@@ -340,12 +309,52 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
         rows.append({"split": name, "protocol": s.protocol, "split_sha256": s.hash, "delete": delete, **score_row(fit)})
     settings = {"delete": delete, "seed": seed, "cell": cell, "given_split": {"protocol": split.protocol, "params": split.params, "sha256": split.hash},
                 "reference_split": {"protocol": ref.protocol, "params": ref.params, "sha256": ref.hash}}
-    if delete == "cell":
-        settings.update(fill=fill, dilate=dilate, value=config.background_fill, mask=mask_name, mask_single_centred_share=single,
-                        n_empty_masks=n_empty)
+    settings.update(cell_settings)
     if delete == "labels":
         notes.append("labels permuted within parent: every parent's crops relabelled through that parent's own random permutation of the classes")
     return ControlResult(rows=rows, delete=delete, config=asdict(config), settings=settings, notes=notes)
+
+
+def _cell_deleted(crops: CropImages, side: np.ndarray, config: TrainConfig, fill: str, dilate: int, seed: int,
+                  masks: torch.Tensor | None, mask_name: str | None, notes: list) -> tuple[TransformedCrops, dict]:
+    """The crops with their cells deleted (`delete_cell` on every batch) and the settings
+    that record how; the `ControlWarning` of `deleted_signal_control` (empty masks, centred
+    single-cell masks) are raised at its caller and appended to `notes`."""
+    if masks is not None:
+        want = (len(crops.images), 1, *crops.images.shape[2:])
+        if not isinstance(masks, torch.Tensor) or tuple(masks.shape) != want:
+            got = tuple(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
+            raise LitmusError(f"masks= must be a tensor of shape {want} (one mask per crop, in the crops' rows); got {got}")
+        crops = CropImages(crops.images, masks, crops.table)
+    if crops.masks is None:
+        raise LitmusError("--delete cell needs cell masks, but the crop manifest has no mask column (--mask COL); or use --delete labels")
+    if config.mask_background:
+        raise LitmusError("--delete cell cannot be combined with --mask-background: the crops would hold nothing but the fill")
+    used, empty = empty_masks(crops, side, mask_name)
+    n_empty = int(empty.sum())
+    where = f"the cell masks{f' ({mask_name})' if mask_name else ''}"
+    if n_empty:
+        msg = (f"{where} are empty in {n_empty} of the split's {len(used)} crops (e.g. {crops.table.ids[used[empty][0]]!r}): "
+               "nothing is deleted there, so those crops keep their cells")
+        warnings.warn(msg, ControlWarning, stacklevel=3)
+        notes.append(msg)
+    single = centred_single_cell_share(crops.masks)
+    if single >= SINGLE_CELL_WARN_SHARE:
+        msg = (f"the masks{f' ({mask_name})' if mask_name else ''} look like one centred cell per crop in {100 * single:.1f}% of crops: "
+               "other cells in a crop are not deleted and can carry the class (on the synthetic benchmark they do); "
+               "give --delete cell a mask of every cell in the crop (synthetic benchmark: column all_cells_mask)")
+        warnings.warn(msg, ControlWarning, stacklevel=3)
+        notes.append(msg)
+    value = config.background_fill
+
+    def transform(x, m, index):
+        z = crop_noise(index, tuple(x.shape[1:]), seed).to(x.device) if fill == "noise" else None
+        return delete_cell(x, m, fill=fill, value=value, dilate=dilate, noise=z)
+
+    data = TransformedCrops(crops.images, crops.masks, crops.table, transform=transform)
+    settings = dict(fill=fill, dilate=dilate, value=config.background_fill, mask=mask_name, mask_single_centred_share=single,
+                    n_empty_masks=n_empty)
+    return data, settings
 
 
 
