@@ -679,9 +679,6 @@ def unseen_field_targets(table, split, cells: Sequence[str] | None = None, seed:
         InterventionError: some class has no qualifying field for some test crop (the message
             names the class), or the cells hold no test crop.
     """
-    from shortcutlab.data.audit import side_codes
-    from shortcutlab.data.manifest import SIDES
-
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise InterventionError(f"seed must be a non-negative integer; got {seed!r}")
     exclude = tuple(exclude_sides)
@@ -690,49 +687,65 @@ def unseen_field_targets(table, split, cells: Sequence[str] | None = None, seed:
     cells = tuple(split.cells) if cells is None else tuple(cells)
     if not cells:
         raise InterventionError("unseen_field_targets needs at least one cell to compare")
-    pc, labels = table.parent_codes, table.label_codes
-    P, C = table.n_parents, table.n_classes
-    seen = np.zeros(P, dtype=bool)
+    seen, test = _seen_fields_and_test_crops(table, split, cells, exclude)
+    where = "the split" if cells == ("",) else f"cell(s) {list(cells)}"
+    if not test.any():
+        raise InterventionError(f"{where} hold(s) no test crop")
+    labels = table.label_codes
+    holds = table.class_counts_per_unit("parent") > 0  # (P, C)
+    rng = np.random.default_rng([int(seed), _POLICY_STREAM])
+    test_idx = np.flatnonzero(test)
+    u = rng.random(len(test_idx))
+    target = np.empty(len(test_idx), dtype=np.int64)
+    for c in range(table.n_classes):
+        sel = np.flatnonzero(labels[test_idx] == c)
+        if len(sel):
+            target[sel] = _draw_unseen(table, c, test_idx[sel], u[sel], holds[:, c] & ~seen, exclude, where)
+    return pd.DataFrame(
+        {
+            "id": table.ids[test_idx],
+            "label": np.asarray(table.classes, dtype=object)[labels[test_idx]],
+            "parent": table.parents[table.parent_codes[test_idx]],
+            "target_parent": table.parents[target],
+        }
+    )
+
+
+def _seen_fields_and_test_crops(table, split, cells: tuple, exclude: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(P,) whether a parent gave a crop to an `exclude` side of any of `cells`, and (N,)
+    whether a crop is on the test side of any."""
+    from shortcutlab.data.audit import side_codes
+    from shortcutlab.data.manifest import SIDES
+
+    pc = table.parent_codes
+    seen = np.zeros(table.n_parents, dtype=bool)
     test = np.zeros(table.n_crops, dtype=bool)
     for name in cells:
         side = side_codes(table, split.cell(name or None))
         for s in exclude:
             seen[pc[side == SIDES.index(s)]] = True
         test |= side == SIDES.index("test")
-    where = "the split" if cells == ("",) else f"cell(s) {list(cells)}"
-    if not test.any():
-        raise InterventionError(f"{where} hold(s) no test crop")
-    holds = table.class_counts_per_unit("parent") > 0  # (P, C)
-    rng = np.random.default_rng([int(seed), _POLICY_STREAM])
-    test_idx = np.flatnonzero(test)
-    u = rng.random(len(test_idx))
-    target = np.empty(len(test_idx), dtype=np.int64)
-    for c in range(C):
-        sel = np.flatnonzero(labels[test_idx] == c)
-        if not len(sel):
-            continue
-        K = np.flatnonzero(holds[:, c] & ~seen)
-        own = pc[test_idx[sel]]
-        pos = np.searchsorted(K, own)
-        own_in = (pos < len(K)) & (K[np.minimum(pos, max(len(K) - 1, 0))] == own) if len(K) else np.zeros(len(sel), dtype=bool)
-        n_avail = len(K) - own_in.astype(np.int64)
-        if (n_avail <= 0).any():
-            bad = table.ids[test_idx[sel[n_avail <= 0]]]
-            only = f"; its only one is the crop's own parent {table.parents[K[0]]!r}" if len(K) == 1 else ""
-            raise InterventionError(
-                f"class {table.classes[c]!r} has no field unseen by the {'/'.join(exclude)} side of {where}{only}, "
-                f"so {int((n_avail <= 0).sum())} test crop(s) of that class (e.g. {list(map(str, bad[:3]))}) get no F2 target; "
-                "the transfer needs at least one left-out field of every class (for a factorial, build it with "
-                "reserve_parent_share > 0, CLI --reserve-parent-share)"
-            )
-        r = np.minimum(np.floor(u[sel] * n_avail).astype(np.int64), n_avail - 1)
-        r += (own_in & (r >= pos)).astype(np.int64)
-        target[sel] = K[r]
-    return pd.DataFrame(
-        {
-            "id": table.ids[test_idx],
-            "label": np.asarray(table.classes, dtype=object)[labels[test_idx]],
-            "parent": table.parents[pc[test_idx]],
-            "target_parent": table.parents[target],
-        }
-    )
+    return seen, test
+
+
+def _draw_unseen(table, c: int, crops: np.ndarray, u: np.ndarray, qualifies: np.ndarray, exclude: tuple, where: str) -> np.ndarray:
+    """One qualifying field per test crop of class `c` (not its own parent), chosen by its
+    uniform draw `u`: the draw indexes the qualifying fields with the crop's own left out."""
+    pc = table.parent_codes
+    K = np.flatnonzero(qualifies)
+    own = pc[crops]
+    pos = np.searchsorted(K, own)
+    own_in = (pos < len(K)) & (K[np.minimum(pos, max(len(K) - 1, 0))] == own) if len(K) else np.zeros(len(crops), dtype=bool)
+    n_avail = len(K) - own_in.astype(np.int64)
+    if (n_avail <= 0).any():
+        bad = table.ids[crops[n_avail <= 0]]
+        only = f"; its only one is the crop's own parent {table.parents[K[0]]!r}" if len(K) == 1 else ""
+        raise InterventionError(
+            f"class {table.classes[c]!r} has no field unseen by the {'/'.join(exclude)} side of {where}{only}, "
+            f"so {int((n_avail <= 0).sum())} test crop(s) of that class (e.g. {list(map(str, bad[:3]))}) get no F2 target; "
+            "the transfer needs at least one left-out field of every class (for a factorial, build it with "
+            "reserve_parent_share > 0, CLI --reserve-parent-share)"
+        )
+    r = np.minimum(np.floor(u * n_avail).astype(np.int64), n_avail - 1)
+    r += (own_in & (r >= pos)).astype(np.int64)
+    return K[r]

@@ -134,7 +134,7 @@ def _check_adapter(adapter) -> ModelAdapter:
 def _check_batch(adapter: ModelAdapter, x, who: str) -> int:
     """B of a batch the adapter accepts (a float (B, 3, H, W) tensor in [0, 1] on its device and
     dtype: `InputError` otherwise) with at least one crop; before any targets or masks are read."""
-    adapter._check_input(x)
+    adapter.check_input(x)
     if x.shape[0] == 0:
         raise DiagnosticError(f"{who} needs at least one crop; got a batch of shape {tuple(x.shape)}")
     return int(x.shape[0])

@@ -39,7 +39,7 @@ _LAZY = {
     "InputError": "models.adapter",
     "create_model": "models.adapter",
     "train": "models.recipe",
-    "TrainConfig": "models.recipe",
+    "TrainConfig": "models.train_config",
     "synthesize": "synth",
     "SynthConfig": "synth",
     "write_synth": "synth",
@@ -55,6 +55,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'shortcutlab' has no attribute {name!r}")
 
 __all__ = [
+    "__version__",
     "CropTable",
     "InputError",
     "ModelAdapter",

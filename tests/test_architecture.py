@@ -176,3 +176,30 @@ def test_the_circle_finder_finds_planted_circles():
     assert find_circles({"a": e("b"), "b": e("c"), "c": e()}) == []
     planted = dict(EDGES, **{"shortcutlab.errors": EDGES["shortcutlab.errors"] + e("shortcutlab.io")})
     assert any("shortcutlab.errors" in c and "shortcutlab.io" in c for c in find_circles(planted))
+
+
+#: A function longer than this is split into named steps, or says in its docstring why it
+#: stays whole (the phrase "stays whole").
+MAX_LINES = 80
+
+
+def long_functions(source: str, name: str) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_LINES and "stays whole" not in (ast.get_docstring(node) or ""):
+                out.append(f"{name}:{node.lineno} {node.name} ({n} lines)")
+    return out
+
+
+def test_functions_are_short_or_say_why():
+    too_long = [f for m, p in MODULES.items() for f in long_functions(p.read_text(), m)]
+    assert not too_long, "; ".join(too_long)
+
+
+def test_the_length_rule_sees_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    assert long_functions(f"def f():\n{body}\n", "m") == [f"m:1 f ({MAX_LINES + 1} lines)"]
+    assert long_functions(f'def f():\n    """It stays whole: one kernel."""\n{body}\n', "m") == []
+    assert long_functions(f"def f():\n{body[: body.rindex(chr(10))]}\n", "m") == []

@@ -600,7 +600,7 @@ def _merge_linked_parents(table: CropTable, res) -> CropTable:
         graph = csr_matrix((np.ones(len(g)), (res.merged_codes, M + g)), shape=(M + G, M + G))
         _, comp = connected_components(graph, directed=False)
         first_group = pd.Series(g).groupby(comp[M + g]).transform("min").to_numpy()
-        frame["group"] = table._group_factor[1][first_group]
+        frame["group"] = table.groups[first_group]
     return CropTable(frame, source=table.source + " (near-duplicate parents merged)")
 
 

@@ -257,8 +257,13 @@ class CropTable:
 
     @property
     def group_codes(self) -> np.ndarray:
-        """(N,) int64 index of each crop's group (patient)."""
+        """(N,) int64 index of each crop's group (patient) into `groups`."""
         return self._group_factor[0]
+
+    @property
+    def groups(self) -> np.ndarray:
+        """(G,) sorted group (patient) names."""
+        return self._group_factor[1]
 
     @cached_property
     def parent_sizes(self) -> np.ndarray:

@@ -556,7 +556,8 @@ class ModelAdapter(nn.Module):
         return f"features from {src}, head={self._head_name!r}, cam_layer={self._cam_name!r}"
 
     # -------------------------------------------------------------------------- inputs
-    def _check_input(self, x) -> None:
+    def check_input(self, x) -> None:
+        """Refuse, in one line, anything but a float (B, 3, H, W) tensor in [0, 1] (`InputError`)."""
         expect = "a float (B, 3, H, W) tensor with values in [0, 1]"
         if not isinstance(x, torch.Tensor):
             raise InputError(f"x must be {expect}; got {type(x).__name__}")
@@ -591,7 +592,7 @@ class ModelAdapter(nn.Module):
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """``(x - mean) / std`` of a checked (B, 3, H, W) batch in [0, 1]."""
-        self._check_input(x)
+        self.check_input(x)
         return (x - self.mean) / self.std
 
     # ------------------------------------------------------------------------- outputs

@@ -36,13 +36,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import platform
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np

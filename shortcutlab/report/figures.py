@@ -256,39 +256,26 @@ def gradcam_section(results: pd.DataFrame | None) -> Section:
 
 # --- example crops ----------------------------------------------------------------------------------
 
-@_plain_text
-def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: int = 256) -> Section:
-    """Test crops of one leak model with their mask outlines, each intervention the sweep
-    scored applied (or every registered one with its defaults), and Grad-CAM overlays of the
-    leak and its clean model. CPU, a handful of crops."""
-    key, title = "examples", "Example crops: masks, interventions and Grad-CAM"
-    leak, clean = folder.example_pair()
-    if leak is None:
-        return left_out(key, title, "no leak model's run folder is in the sweep folder (tasks/train/<id>/run.json), so there "
-                        "is no model to explain and no crop to show")
+def _example_crops(crops, side, n_crops: int, device: str):
+    """Up to `n_crops` test crops, one per parent (a fixed draw), as a float batch and masks."""
     import torch
 
-    import interventions
-    from probes.saliency import gradcam, outside_mass
-
-    from shortcutlab.models.runs import load_run, load_run_data
-
-    try:
-        run = load_run(leak.run_dir, device=device)
-        crops, split, side = load_run_data(run)
-    except Exception as e:  # noqa: BLE001 - a figure, not the report, is lost
-        return left_out(key, title, f"the leak model's run folder could not be loaded ({' '.join(str(e).split())[:200]})")
     test = np.flatnonzero(side == 2)
-    if not len(test):
-        return left_out(key, title, "the leak model's split has no test crop")
     rng = np.random.default_rng(0)
     parents = np.asarray(crops.table.parent_codes)[test]
     _, first = np.unique(parents, return_index=True)
     pick = np.sort(rng.choice(test[first], size=min(n_crops, len(first)), replace=False))
     x, m = crops.float_batch(torch.from_numpy(pick), device=device)
-    notes = []
-    if m is None:
-        notes.append("The crops have no cell masks: no outlines, and the interventions that need masks are skipped.")
+    return pick, x, m, rng
+
+
+def _intervention_columns(folder, crops, split, side, pick, x, m, rng, device: str, fit_crops: int, notes: list) -> list:
+    """(label, batch) for each intervention the sweep scored (or every registered one with its
+    defaults), applied to the example crops; one that cannot be shown is named in `notes`."""
+    import torch
+
+    import interventions
+
     train = np.flatnonzero(side == 0)
     settings = folder.intervention_settings()
     if settings is None:
@@ -319,6 +306,16 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
             columns.append((rd.intervention_label(setting), y))
         except Exception as e:  # noqa: BLE001 - one intervention's failure is named, the rest are shown
             notes.append(f"{rd.intervention_label(setting)}: skipped ({' '.join(str(e).split())[:160]}).")
+    return columns
+
+
+def _gradcam_columns(leak, clean, run, x, m, device: str, notes: list) -> tuple[list, dict]:
+    """Grad-CAM maps of the leak model and its clean model on the example crops (as each model
+    scored them), and each map's mean mass outside the cell."""
+    from probes.saliency import gradcam, outside_mass
+
+    from shortcutlab.models.runs import load_run
+
     cams, masses = [], {}
     for ref, label in ((leak, "leak"), (clean, "clean")):
         if ref is None:
@@ -338,9 +335,15 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
                     masses[label] = float(np.nanmean(om))
         except Exception as e:  # noqa: BLE001
             notes.append(f"Grad-CAM of the {label} model: left out ({' '.join(str(e).split())[:160]}).")
+    return cams, masses
+
+
+def _example_grid(x, m, columns: list, cams: list):
+    """The figure: one row per crop, the crop (with its cell outline), each intervention, then
+    each Grad-CAM overlay."""
     plt = _plt()
     ncol = len(columns) + len(cams)
-    B = len(pick)
+    B = x.shape[0]
     fig, axes = plt.subplots(B, ncol, figsize=(1.25 * ncol, 1.3 * B + 0.4), squeeze=False)
     mk = None if m is None else m[:, 0].cpu().numpy()
     for j, (name, imgs) in enumerate(columns):
@@ -366,6 +369,36 @@ def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: i
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])
+    return fig
+
+
+@_plain_text
+def examples_section(folder, n_crops: int = 4, device: str = "cpu", fit_crops: int = 256) -> Section:
+    """Test crops of one leak model with their mask outlines, each intervention the sweep
+    scored applied (or every registered one with its defaults), and Grad-CAM overlays of the
+    leak and its clean model. CPU, a handful of crops."""
+    key, title = "examples", "Example crops: masks, interventions and Grad-CAM"
+    leak, clean = folder.example_pair()
+    if leak is None:
+        return left_out(key, title, "no leak model's run folder is in the sweep folder (tasks/train/<id>/run.json), so there "
+                        "is no model to explain and no crop to show")
+    from shortcutlab.models.runs import load_run, load_run_data
+
+    try:
+        run = load_run(leak.run_dir, device=device)
+        crops, split, side = load_run_data(run)
+    except Exception as e:  # noqa: BLE001 - a figure, not the report, is lost
+        return left_out(key, title, f"the leak model's run folder could not be loaded ({' '.join(str(e).split())[:200]})")
+    if not (side == 2).any():
+        return left_out(key, title, "the leak model's split has no test crop")
+    pick, x, m, rng = _example_crops(crops, side, n_crops, device)
+    notes = []
+    if m is None:
+        notes.append("The crops have no cell masks: no outlines, and the interventions that need masks are skipped.")
+    columns = _intervention_columns(folder, crops, split, side, pick, x, m, rng, device, fit_crops, notes)
+    cams, masses = _gradcam_columns(leak, clean, run, x, m, device, notes)
+    fig = _example_grid(x, m, columns, cams)
+    B = len(pick)
     reading = (f"{B} test crops of the {leak.condition} leak model ({leak.cell or 'leak'}, {leak.arch}, seed {leak.seed}), "
                f"one per parent, with their cell outlines; then {len(columns) - 1} intervention"
                f"{'s' if len(columns) != 2 else ''} applied ({', '.join(c[0] for c in columns[1:]) or 'none'}) and "

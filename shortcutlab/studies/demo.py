@@ -21,7 +21,7 @@ import torch
 
 from shortcutlab.data.images import CropImages
 from shortcutlab.io import atomic_files, check_writable, claim_output_dir, write_csv, write_json, write_marker
-from shortcutlab.data.splits import FACTORIAL_CELLS, factorial_split
+from shortcutlab.data.splits import FACTORIAL_CELLS
 from shortcutlab.data.table import CropTable
 
 
