@@ -316,6 +316,20 @@ def read_json_object(path: str | os.PathLike) -> dict | None:
     return d if isinstance(d, dict) else None
 
 
+def load_json_object(path: str, what: str, error: type[Exception], expected: str) -> dict:
+    """The JSON object in the file `path`, read as a user's input: a file that is not JSON, or
+    holds something else than an object, is `error` in one line naming `what` (a prefix such
+    as ``"run record "``), the path and what was `expected`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{what}{path!r} is not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise error(f"{what}{path!r} holds a {type(d).__name__}; expected {expected}")
+    return d
+
+
 def read_marker(folder: str | os.PathLike) -> dict | None:
     """The output marker of `folder`, or None when it has none or not one of this schema."""
     path = os.path.join(os.fspath(folder), MARKER)

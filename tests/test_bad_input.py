@@ -2613,3 +2613,41 @@ def test_i21_cli_sweep_executor_options_are_checked_before_any_work(argv, expect
     line = cli_error(["sweep", _sweep_config(tmp_path, _SWEEP_YAML), "--out", str(tmp_path / "out"), *argv], capsys)
     assert line.startswith("shortcutlab sweep: error: ") and line.endswith(expected), line
     assert not (tmp_path / "out").exists()  # nothing run, nothing written
+
+
+# --- issue 21: run and sweep records that are not JSON objects (io.load_json_object) ---
+def _record21(tmp_path, text: str, name: str = "run.json"):
+    folder = tmp_path / "rec"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(text)
+    return folder
+
+
+def _load_run21(tmp_path, text):
+    from shortcutlab.models.runs import load_run
+
+    load_run(_record21(tmp_path, text))
+
+
+def _sweep_meta21(tmp_path, text):
+    from shortcutlab.report.folder import SweepFolder
+
+    SweepFolder(str(_record21(tmp_path, text, "sweep.json"))).models()
+
+
+from shortcutlab.models.runs import RunError as _RunError21  # noqa: E402
+from shortcutlab.report.folder import ReportError as _ReportError21  # noqa: E402
+
+I21_RECORD_CASES = [
+    Case("i21-run-record-not-json", lambda p: _load_run21(p, "{oops"), _RunError21, ("run record", "run.json", "is not valid JSON")),
+    Case("i21-run-record-a-list", lambda p: _load_run21(p, "[1, 2]"), _RunError21,
+         ("run record", "run.json", "holds a list", "expected a JSON object written by `shortcutlab train`")),
+    Case("i21-sweep-record-not-json", lambda p: _sweep_meta21(p, "{oops"), _ReportError21, ("sweep.json", "is not valid JSON")),
+    Case("i21-sweep-record-a-number", lambda p: _sweep_meta21(p, "3"), _ReportError21,
+         ("sweep.json", "holds a int", "expected the sweep's record (a JSON object)")),
+]
+
+
+@pytest.mark.parametrize("case", I21_RECORD_CASES, ids=[c.id for c in I21_RECORD_CASES])
+def test_i21_records_that_are_not_json_objects(case: Case, tmp_path) -> None:
+    check(case, tmp_path)

@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from shortcutlab.errors import ShortcutlabError
+from shortcutlab.io import load_json_object
 from shortcutlab.paths import inside, need_folder, wrong_kind
 
 if TYPE_CHECKING:
@@ -204,13 +204,7 @@ def read_record(run_dir: str | os.PathLike) -> dict:
         raise RunError(f"{run_dir!r} is not a run folder: it has no run.json (train a model with `shortcutlab train` first)")
     if wrong_kind(path, "file"):
         raise RunError(f"run record {path!r} {wrong_kind(path, 'file')}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError(f"run record {path!r} is not valid JSON ({e})") from None
-    if not isinstance(record, dict):
-        raise RunError(f"run record {path!r} holds a {type(record).__name__}; expected a JSON object written by `shortcutlab train`")
+    record = load_json_object(path, "run record ", RunError, "a JSON object written by `shortcutlab train`")
     for key in ("config", "classes"):
         if key not in record:
             raise RunError(f"run record {path!r} has no {key!r} entry; it was not written by `shortcutlab train`")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from shortcutlab.errors import ShortcutlabError
+from shortcutlab.io import load_json_object
 from shortcutlab.paths import TASK_ID, check_id, inside, wrong_kind
 from shortcutlab.sweep.folder import SweepLayout, TaskFolder
 
@@ -129,14 +130,7 @@ class SweepFolder:
         path = self.layout.config
         if not os.path.isfile(path):
             return {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                meta = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ReportError(f"{path!r} is not valid JSON ({e})") from None
-        if not isinstance(meta, dict):
-            raise ReportError(f"{path!r} holds a {type(meta).__name__}; expected the sweep's record (a JSON object)")
-        return meta
+        return load_json_object(path, "", ReportError, "the sweep's record (a JSON object)")
 
     # --- the config -----------------------------------------------------------------------
     @property
