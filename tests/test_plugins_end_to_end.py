@@ -241,3 +241,28 @@ def test_the_toy_estimand_is_recomputed_from_the_predictions(sweep):
     assert f"color: the toy colour inversion turns {share} of the test predictions from right to wrong or back" in further
     assert "<td>share</td>" in further and f"<td>{share}</td>" in further
     assert f"| toy\\_flip\\_rate | color |  | share | {share} | no interval |" in sweep["md"]  # no architecture: a blank cell
+
+
+def test_results_prints_each_estimand_in_its_registered_unit(sweep, capsys):
+    """`shortcutlab results`: the toy estimand (a share) in %, and a count, registered here
+    with unit 'crops', as the number itself (not x 100 as a fraction would be)."""
+    from shortcutlab.cli import main
+    from shortcutlab.stats import register_estimand, unregister_estimand
+
+    pred = sweep["pred"]
+    none = pred[pred["intervention"] == "none"].set_index(["model", "id"])["correct"]
+    inv = pred[pred["intervention"] == "toy_invert"].set_index(["model", "id"])["correct"]
+    n_flipped = int((none.loc[inv.index].to_numpy() != inv.to_numpy()).sum())
+
+    @register_estimand("toy_flip_count", unit="crops", reading="{estimate} flipped")
+    def flip_count(ctx):
+        rows = toy_estimand.flip_rate(ctx)
+        return rows.assign(estimate=rows["estimate"] * rows["n_crops"])
+
+    try:
+        assert main(["results", sweep["out"], "--n-boot", "20"]) == 0
+    finally:
+        unregister_estimand("toy_flip_count")
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("toy_")}
+    assert f"{100 * n_flipped / len(inv):+.1f}" in lines["toy_flip_rate"]
+    assert f"{n_flipped:+.1f}" in lines["toy_flip_count"]
