@@ -52,8 +52,8 @@ def registered():
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """The tiny sweep run by the toy executor, and its report; the toys stay registered for
-    the module's tests and are removed after them."""
+    """The tiny sweep run by the toy executor, and its report, read back; the toys are
+    registered while they run and removed before any test (a test that needs them registers them)."""
     from shortcutlab.cli import main
 
     tmp = tmp_path_factory.mktemp("plugins")
@@ -67,11 +67,12 @@ def sweep(tmp_path_factory):
             html = f.read()
         with open(os.path.join(report, "report.md"), encoding="utf-8") as f:
             md = f.read()
-        yield {"out": out, "ran": list(toy_executor.ToySerialExecutor.ran), "html": html, "md": md,
-               "pred": pd.read_parquet(os.path.join(out, "predictions.parquet")),
-               "res": pd.read_parquet(os.path.join(out, "results.parquet")),
-               "est": pd.read_csv(os.path.join(report, "estimates.csv"), keep_default_na=False, na_values=[""]),
-               "validity": pd.read_csv(os.path.join(report, "validity.csv"), keep_default_na=False, na_values=[""])}
+        ran = list(toy_executor.ToySerialExecutor.ran)
+    return {"out": out, "ran": ran, "html": html, "md": md,
+            "pred": pd.read_parquet(os.path.join(out, "predictions.parquet")),
+            "res": pd.read_parquet(os.path.join(out, "results.parquet")),
+            "est": pd.read_csv(os.path.join(report, "estimates.csv"), keep_default_na=False, na_values=[""]),
+            "validity": pd.read_csv(os.path.join(report, "validity.csv"), keep_default_na=False, na_values=[""])}
 
 
 def _section(html: str, key: str) -> str:
@@ -234,7 +235,8 @@ def test_the_toy_estimand_is_recomputed_from_the_predictions(sweep):
     assert rows[["condition", "intervention", "n_crops"]].values.tolist() == [["color", "toy_invert", len(inv)]]
     assert rows["estimate"].iloc[0] == pytest.approx(flipped.mean(), abs=1e-12)
     assert flipped.any()
-    assert estimand_units(est)["toy_flip_rate"] == "share"
+    with registered():
+        assert estimand_units(est)["toy_flip_rate"] == "share"
     # the report reads it in its own words and unit, under 'Further estimates'
     share = f"{100 * flipped.mean():.0f}%"
     further = _section(sweep["html"], "further_estimates")
@@ -260,7 +262,8 @@ def test_results_prints_each_estimand_in_its_registered_unit(sweep, capsys):
         return rows.assign(estimate=rows["estimate"] * rows["n_crops"])
 
     try:
-        assert main(["results", sweep["out"], "--n-boot", "20"]) == 0
+        with registered():
+            assert main(["results", sweep["out"], "--n-boot", "20"]) == 0
     finally:
         unregister_estimand("toy_flip_count")
     lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("toy_")}
