@@ -788,15 +788,20 @@ def cmd_results(args) -> int:
 
 
 def _estimates_text(table) -> str:
-    """The estimates table for a terminal: effects in pp (share_removed in %, slope as is)."""
+    """The estimates table for a terminal: each estimand in its registered unit
+    (`shortcutlab.stats.estimand_units`): 'pp' in percentage points and 'share' in % (x 100),
+    any other unit as is (the slope, a plug-in's count); unregistered estimands as pp."""
     import numpy as np
+
+    from shortcutlab.stats import estimand_units
 
     if table.empty:
         return "(no estimates: the sweep has no factorial and no protocol pair)"
     t = table.copy()
-    pp = ~t["estimand"].isin(["share_removed", "slope"])
+    units = estimand_units(t)
+    percent = t["estimand"].map(lambda e: units.get(e, "pp") in ("pp", "share")).to_numpy(bool)
     for c in ("estimate", "ci_low", "ci_high"):
-        t[c] = np.where(pp, 100 * t[c], np.where(t["estimand"] == "share_removed", 100 * t[c], t[c]))
+        t[c] = np.where(percent, 100 * t[c], t[c])
     t["ci"] = [f"[{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) else "" for lo, hi in zip(t["ci_low"], t["ci_high"])]
     t["estimate"] = [f"{v:+.1f}" if np.isfinite(v) else "nan" for v in t["estimate"]]
     for c in ("p_value", "p_holm"):

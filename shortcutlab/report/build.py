@@ -255,10 +255,15 @@ def further_section(est: pd.DataFrame, level: float = 0.95) -> Section | None:
         unit = get_estimand(r["estimand"]).unit
         where = ", ".join(str(r[k]) for k in ("condition", "diversity", "arch") if str(r.get(k) or "") not in ("", "nan"))
         lines.append(f"{where}: {read_row(r, level)}" if where else read_row(r, level))
-        table.append({"estimand": r["estimand"], "condition": r["condition"], "arch": r["arch"], "unit": unit,
+        table.append({"estimand": r["estimand"], "condition": _blank(r["condition"]), "arch": _blank(r["arch"]), "unit": unit,
                       "estimate": format_value(r["estimate"], unit),
                       "interval": format_interval(r["ci_low"], r["ci_high"], unit, level)})
     return Section("further_estimates", "Further estimates", reading="\n".join(lines), table=pd.DataFrame(table))
+
+
+def _blank(value) -> str:
+    """A table cell: '' where an estimand's row leaves the column out (NaN), else the value."""
+    return "" if is_nan(value) else value
 
 
 def _caught(records) -> list[str]:
