@@ -19,13 +19,13 @@ Parent recoverability R (a within-class, held-out-sibling logistic probe) is `Pa
 """
 
 from .adversary import AdversaryCheck, LinearAdversary, LinearAdversaryDiagnostic, adversary_check, remeasure_R
-from .base import NEEDS, ROW_COLUMNS, Diagnostic, DiagnosticContext, row
+from .base import NEEDS, QUANTITIES, ROW_COLUMNS, Diagnostic, DiagnosticContext, row
 from .errors import DiagnosticError, DiagnosticWarning
 from .features import extract_features, weights_hash
 from .identifiability import GroupIdentifiability, GroupIdentifiabilityDiagnostic, remove_cell
 from .leace import ErasureCheck, HeadRefit, LeaceDiagnostic, LeaceErasure, erasure_check, refit_head
 from .parent_probe import ParentProbe, ParentProbeDiagnostic, sibling_folds, wilson_interval
-from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, unregister
+from .registry import ENTRY_POINT_GROUP, available, get, get_class, load_entry_points, register, suppliers, unregister
 from .saliency import HeadCheck, gradcam, outside_mass, randomized_head_check
 
 # Built-in diagnostics register themselves on import.
@@ -50,6 +50,7 @@ __all__ = [
     "wilson_interval",
     "ENTRY_POINT_GROUP",
     "NEEDS",
+    "QUANTITIES",
     "ROW_COLUMNS",
     "Diagnostic",
     "InterventionAccuracy",
@@ -72,6 +73,7 @@ __all__ = [
     "register",
     "remove_cell",
     "row",
+    "suppliers",
     "unregister",
     "unseen_field_targets_for",
     "weights_hash",

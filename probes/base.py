@@ -17,7 +17,11 @@ Metadata lives in class attributes, as for interventions:
   ``metric_units = {"R": "fraction"}``);
 - ``leak_metrics``: metrics the report's validity table reads against the leak (the
   leak-model minus clean-model value, paired by seed; it "moves" when the interval excludes 0
-  and reaches 0.01): fractions on a 0-1 scale, one row each, named "<label> <metric label>".
+  and reaches 0.01): fractions on a 0-1 scale, one row each, named "<label> <metric label>";
+- ``supplies``: the named quantities of `QUANTITIES` that the diagnostic's rows carry, each
+  mapped to the metric that carries it (``supplies = {"recoverability": "R"}``). The report
+  finds the rows it reads by asking for a quantity (`probes.suppliers`), never by a
+  diagnostic's name, so a plug-in that supplies "recoverability" feeds the report's R.
 
 A new diagnostic is a module with a subclass and ``@register("name")``; third-party packages
 join through the entry-point group ``shortcutlab.diagnostics``.
@@ -47,6 +51,27 @@ from .errors import DiagnosticError
 ROW_COLUMNS = ("run_id", "diagnostic", "setting", "metric", "value", "ci_low", "ci_high", "n")
 
 NEEDS = frozenset({"features", "masks", "head", "split"})
+
+#: The quantities a diagnostic may supply (`Diagnostic.supplies`), each with what it is and the
+#: settings of the rows the report reads. A setting names the diagnostic's own settings
+#: ('on=all', 'rank=256', 'target=predicted'); the report reads:
+QUANTITIES: Mapping[str, str] = {
+    "recoverability": "parent recoverability R of the model's features (a fraction); the overall "
+                      "rows are those whose setting names no class ('class='), the shortest such setting is read",
+    "recoverability_before_erasure": "R before an erasure of the parent code, at each erasure setting "
+                                     "('rank=<r>' or 'rank=full'); read when no diagnostic supplies 'recoverability'",
+    "recoverability_after_erasure": "R after the erasure, at the same settings; the report reads the largest "
+                                    "erasure setting ('<name>=<number>', 'full' above every number)",
+    "head_accuracy_before_erasure": "accuracy of a head refitted on the features before erasure, on the split's "
+                                    "test side (setting '<erasure setting>,test_set=test'; a fraction)",
+    "head_accuracy_after_erasure": "the same head refitted after erasure (setting '<erasure setting>,test_set=test')",
+    "outside_mass": "mean share of a saliency map outside the cell (a fraction); the overall setting is the "
+                    "shortest without 'cascade='",
+    "randomized_outside_mass": "the same share for the maps of a randomised head (setting '<overall setting>,cascade=0')",
+    "randomized_head_spearman": "median Spearman rho between the trained and the randomised-head maps "
+                                "(setting '<overall setting>,cascade=0')",
+    "random_pair_spearman": "median Spearman rho between the maps of random pairs of crops (the overall setting)",
+}
 
 
 def row(ctx: "DiagnosticContext | None", diagnostic: str, metric: str, value: float, *, setting: str = "",
@@ -209,6 +234,8 @@ class Diagnostic(abc.ABC):
         metric_labels: the report's names of its metrics ({metric: label}; `metric_label`).
         metric_units: units of its metrics ({metric: unit}, e.g. 'fraction' on a 0-1 scale).
         leak_metrics: metrics the report's validity table reads against the leak (fractions).
+        supplies: {quantity: metric}: which metric of its rows carries each quantity of
+            `QUANTITIES` it supplies to the report ({} : none).
     """
 
     name: ClassVar[str] = ""
@@ -217,6 +244,7 @@ class Diagnostic(abc.ABC):
     metric_labels: ClassVar[Mapping[str, str]] = {}
     metric_units: ClassVar[Mapping[str, str]] = {}
     leak_metrics: ClassVar[tuple[str, ...]] = ()
+    supplies: ClassVar[Mapping[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -227,6 +255,12 @@ class Diagnostic(abc.ABC):
             if cls.metric_units.get(metric, "fraction") != "fraction":
                 raise TypeError(f"{cls.__qualname__}.leak_metrics holds {metric!r} with unit {cls.metric_units[metric]!r}; "
                                 f"the report reads leak metrics as fractions (unit 'fraction')")
+        unknown = set(cls.supplies) - set(QUANTITIES)
+        if unknown:
+            raise TypeError(f"{cls.__qualname__}.supplies has unknown quantities {sorted(unknown)}; known: {sorted(QUANTITIES)}")
+        for quantity, metric in cls.supplies.items():
+            if not isinstance(metric, str) or not metric:
+                raise TypeError(f"{cls.__qualname__}.supplies[{quantity!r}] must name a metric of its rows (a string); got {metric!r}")
 
     @classmethod
     def display_label(cls) -> str:

@@ -494,6 +494,8 @@ class LeaceDiagnostic(CheckDiagnostic):
     label = "LEACE"
     metric_labels = {"R": "R", "R_after": "R after erasure"}
     metric_units = {"R": "fraction", "R_after": "fraction"}
+    supplies = {"recoverability_before_erasure": "R", "recoverability_after_erasure": "R_after",
+                "head_accuracy_before_erasure": "accuracy_before", "head_accuracy_after_erasure": "accuracy_after"}
 
     def __init__(self, ranks: Sequence[int | None] = (256,), within_class: bool = True, test_sets: Mapping[str, Sequence[int]] | None = None,
                  check_on: str = "test", min_removed: float = 0.25, max_cost: float = 0.01, n_folds: int = 4,

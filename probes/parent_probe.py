@@ -744,6 +744,7 @@ class ParentProbeDiagnostic(Diagnostic):
     label = "parent probe"
     metric_labels = {"R": "R"}
     metric_units = {"R": "fraction"}
+    supplies = {"recoverability": "R"}
 
     def __init__(self, on: str = "all", n_folds: int = 4, Cs: float | Sequence[float] = (0.01, 0.1, 1.0), tol: float = 1e-4,
                  max_iter: int = 100, random_state: int | None = None) -> None:

@@ -13,7 +13,7 @@ import inspect
 
 from shortcutlab.plugins import Registry
 
-from .base import Diagnostic
+from .base import QUANTITIES, Diagnostic
 from .errors import DiagnosticError
 
 ENTRY_POINT_GROUP = "shortcutlab.diagnostics"
@@ -29,6 +29,24 @@ load_entry_points = REGISTRY.load_entry_points
 def available(needs: str | None = None) -> list[str]:
     """Sorted registered diagnostic names; with `needs`, only those that need it."""
     return sorted(n for n, c in REGISTRY.classes().items() if needs is None or needs in c.needs)
+
+
+def suppliers(quantity: str) -> list[tuple[str, str]]:
+    """Who supplies a named quantity (`probes.base.QUANTITIES`): ``(name, metric)`` of every
+    registered diagnostic whose ``supplies`` maps `quantity` to the metric of its rows that
+    carries it, sorted by name. The report finds its rows this way, never by a name.
+
+    Raises:
+        DiagnosticError: `quantity` is not one of `QUANTITIES`.
+
+    Example:
+        >>> import probes
+        >>> probes.suppliers("recoverability")
+        [('parent_probe', 'R')]
+    """
+    if quantity not in QUANTITIES:
+        raise DiagnosticError(f"unknown quantity {quantity!r}; known quantities: {', '.join(sorted(QUANTITIES))}")
+    return [(n, c.supplies[quantity]) for n, c in sorted(REGISTRY.classes().items()) if quantity in c.supplies]
 
 
 def settings(name: str) -> dict:

@@ -935,6 +935,8 @@ class GradCamDiagnostic(Diagnostic):
     metric_labels = {"outside_mass": "outside mass"}
     metric_units = {"outside_mass": "fraction"}
     leak_metrics = ("outside_mass",)
+    supplies = {"outside_mass": "outside_mass", "randomized_outside_mass": "randomized_outside_mass",
+                "randomized_head_spearman": "randomized_head_spearman", "random_pair_spearman": "random_pair_spearman"}
 
     def __init__(
         self,

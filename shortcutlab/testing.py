@@ -389,6 +389,10 @@ def _check_rows(d, rows, ctx) -> None:
             raise _fail("value is a float and n an int", f"value {r['value']!r}, n {r['n']!r}")
         if not math.isnan(r["ci_low"]) and not r["ci_low"] <= r["value"] + 1e-12 <= r["ci_high"] + 2e-12:
             raise _fail("the interval holds the value", f"{r['metric']}: {r['value']} outside [{r['ci_low']}, {r['ci_high']}]")
+    lacking = sorted(set(type(d).supplies.values()) - {r["metric"] for r in rows})
+    if lacking:
+        raise _fail("rows carry every metric the diagnostic supplies", f"no rows of metric {', '.join(map(repr, lacking))}, "
+                    f"named in {type(d).__name__}.supplies")
 
 
 def _check_untouched(d, run, ctx) -> list[dict]:
@@ -426,7 +430,7 @@ def check_diagnostic(diagnostic, *, context=None) -> None:
     Rules: ``missing(ctx)`` is None on a context that has everything and names what lacks
     (masks, test crops) for one that does not; ``run(ctx)`` returns rows that start with
     `probes.ROW_COLUMNS`, name the diagnostic and the run, hold a float value and an int n,
-    with the value inside its interval; the model's weights, statistics and train/eval
+    with the value inside its interval, and of every metric its ``supplies`` names; the model's weights, statistics and train/eval
     modes are left as they were, also for a model left in train mode, whose rows equal
     those of the same model in eval mode; a second run (a fresh copy of the diagnostic)
     gives the same rows.

@@ -2651,3 +2651,47 @@ I21_RECORD_CASES = [
 @pytest.mark.parametrize("case", I21_RECORD_CASES, ids=[c.id for c in I21_RECORD_CASES])
 def test_i21_records_that_are_not_json_objects(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+
+
+# --- issue 21: R, diagnostics declare the quantities they supply (Diagnostic.supplies) ---
+def _undeclared_quantity21(tmp_path):
+    from probes import Diagnostic
+
+    class Recover(Diagnostic):
+        supplies = {"recoverabilty": "R"}      # misspelt
+
+        def run(self, ctx):
+            return []
+
+
+def _metric_not_a_string21(tmp_path):
+    from probes import Diagnostic
+
+    class Recover(Diagnostic):
+        supplies = {"recoverability": 1}
+
+        def run(self, ctx):
+            return []
+
+
+def _suppliers21(quantity):
+    import probes
+
+    return lambda tmp_path: probes.suppliers(quantity)
+
+
+from probes import DiagnosticError as _DiagnosticError21  # noqa: E402
+
+I21_SUPPLIES_CASES = [
+    Case("i21-supplies-unknown-quantity", _undeclared_quantity21, TypeError,
+         ("Recover.supplies has unknown quantities ['recoverabilty']", "known:", "'recoverability'")),
+    Case("i21-supplies-metric-not-a-string", _metric_not_a_string21, TypeError,
+         ("Recover.supplies['recoverability']", "must name a metric of its rows", "got 1")),
+    Case("i21-suppliers-unknown-quantity", _suppliers21("R"), _DiagnosticError21,
+         ("unknown quantity 'R'", "known quantities:", "recoverability, recoverability_after_erasure")),
+]
+
+
+@pytest.mark.parametrize("case", I21_SUPPLIES_CASES, ids=[c.id for c in I21_SUPPLIES_CASES])
+def test_i21_diagnostic_supplies_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)

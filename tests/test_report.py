@@ -522,3 +522,107 @@ def test_the_built_in_diagnostics_name_themselves_for_the_report():
     assert diagnostic_label("gradcam", "outside_mass") == "Grad-CAM outside mass"
     assert diagnostic_label("leace") == "LEACE"
     assert diagnostic_label("not_registered", "some_metric") == "not registered some metric"
+
+
+# --- issue 21: the report finds its rows by the quantity a diagnostic supplies, never by a name ---
+
+@pytest.fixture
+def toy_recoverability():
+    """A toy diagnostic that supplies "recoverability" under its own name and metric, registered
+    for one test."""
+    import probes
+
+    @probes.register("toy_recover")
+    class ToyRecover(probes.Diagnostic):
+        label = "toy recovery"
+        metric_labels = {"recovered": "R*"}
+        metric_units = {"recovered": "fraction"}
+        supplies = {"recoverability": "recovered"}
+
+        def run(self, ctx):
+            return []
+
+    try:
+        yield ToyRecover
+    finally:
+        probes.unregister("toy_recover")
+
+
+def _toy_pred_and_results(metric="recovered", diagnostic="toy_recover"):
+    """A simulated factorial (3 seeds) and one result row per model: R = 0.30 + 0.01 * seed,
+    plus 0.20 for leak models; rows with a class or a longer setting are not the overall R."""
+    pred = simulate_factorial(n_seeds=3, n_parents=12, crops_per_parent=2, effect=1.5, condition="sim", seed=2)
+    pred = pred.astype({c: str for c in ("model", "arch", "exposure", "id", "parent", "cell")})
+    models = pred.drop_duplicates("model")[["model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity"]]
+    rows = []
+    for m in models.to_dict("records"):
+        r = 0.3 + 0.01 * m["seed"] + (0.2 if m["exposure"] == "leak" else 0.0)
+        rows += [dict(m, diagnostic=diagnostic, setting="fold=all", metric=metric, value=r),
+                 dict(m, diagnostic=diagnostic, setting="fold=all,class=0", metric=metric, value=0.9),
+                 dict(m, diagnostic=diagnostic, setting="fold=all,repeat=2", metric=metric, value=0.8)]
+    results = pd.DataFrame(rows).assign(run_id=lambda r: r["model"], ci_low=np.nan, ci_high=np.nan, n=10)
+    return pred, results
+
+
+def test_a_plug_in_supplying_recoverability_is_the_reports_r(toy_recoverability, tmp_path):
+    import probes
+    from shortcutlab.report.tables import dose_pairs, r_source
+
+    assert probes.suppliers("recoverability") == [("parent_probe", "R"), ("toy_recover", "recovered")]
+    pred, results = _toy_pred_and_results()
+    src = r_source(results)
+    assert (src.quantity, src.diagnostic, src.metric, src.setting) == ("recoverability", "toy_recover", "recovered", "fold=all")
+    pairs = dose_pairs(pred, results)
+    # by hand: the leak model's R of each seed, and its accuracy minus its clean partner's
+    acc = {(int(s), e): g["correct"].mean() for (s, e), g in pred.groupby(["seed", "exposure"])}
+    assert pairs["seed"].tolist() == [0, 1, 2]
+    assert pairs["R"].tolist() == pytest.approx([0.5, 0.51, 0.52])
+    assert pairs["gap"].tolist() == pytest.approx([acc[s, "leak"] - acc[s, "clean"] for s in (0, 1, 2)])
+    assert pairs[["R_after", "gap_before", "gap_after"]].isna().all().all()     # no erasure rows
+    paths = build_report(_fake_sweep(tmp_path, pred, results), n_boot=50, examples=False)
+    validity = pd.read_csv(paths["validity"], keep_default_na=False)
+    r = validity[validity["kind"] == "R"]
+    assert r["item"].tolist() == ["toy recovery R* (fold=all)"]
+    assert float(r["estimate"].iloc[0]) == pytest.approx(0.2) and r["verdict"].tolist() == ["moves"]
+    with open(paths["html"], encoding="utf-8") as f:
+        html = f.read()
+    assert "R*: sim (high) moves" in _section(html, "validity")
+    assert "the leak models&#x27; R averages 0.510" in _section(html, "dose_response")    # (0.50 + 0.51 + 0.52) / 3
+
+
+def test_without_a_supplier_the_r_sections_are_left_out(tmp_path):
+    import probes
+    from shortcutlab.report.tables import dose_pairs, r_source
+
+    # the rows of a diagnostic no registered class supplies "recoverability" with are not R
+    pred, results = _toy_pred_and_results()
+    assert "toy_recover" not in probes.available()
+    assert r_source(results) is None and dose_pairs(pred, results).empty
+    paths = build_report(_fake_sweep(tmp_path, pred, results), n_boot=50, examples=False)
+    validity = pd.read_csv(paths["validity"], keep_default_na=False)
+    assert not validity["kind"].isin(["R", "erasure"]).any()
+    with open(paths["html"], encoding="utf-8") as f:
+        dose = _section(f.read(), "dose_response")
+    assert "the results hold no parent-recoverability R (run the parent_probe or leace diagnostic)" in dose
+
+
+def test_the_report_names_no_built_in_diagnostic():
+    """No built-in diagnostic's name is a string literal in shortcutlab/report/*.py: the report
+    asks for quantities (`probes.suppliers`). Two literals that are not diagnostics are named."""
+    import ast
+    import glob
+
+    import probes
+
+    not_diagnostics = {("figures.py", "gradcam"),        # the figure's file stem, figures/gradcam.png (a file name)
+                       ("folder.py", "interventions")}   # the key of sweep.json's config that lists the interventions
+    names = set(probes.available())
+    here = os.path.join(os.path.dirname(__file__), "..", "shortcutlab", "report", "*.py")
+    found = set()
+    for path in sorted(glob.glob(here)):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        found |= {(os.path.basename(path), n.value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names}
+    assert {"gradcam", "leace", "parent_probe", "interventions"} <= names
+    assert found - not_diagnostics == set()

@@ -348,3 +348,17 @@ def test_an_executor_without_run_is_refused():
 
     with pytest.raises(AssertionError, match=r"^an executor has run\(tasks, fn, on_done\)"):
         check_executor(NoRun)
+
+
+# --- issue 21: a diagnostic's rows carry the metrics it declares it supplies ----------------------
+class SuppliesWhatItLacks(Diagnostic):
+    supplies = {"recoverability": "R"}
+
+    def run(self, ctx):
+        return [row(ctx, self.name, "m", 1.0, n=1)]
+
+
+def test_a_diagnostic_must_have_rows_of_what_it_supplies(context):
+    with pytest.raises(AssertionError) as info:
+        check_diagnostic(SuppliesWhatItLacks, context=context)
+    assert str(info.value).startswith("rows carry every metric the diagnostic supplies: no rows of metric 'R'"), str(info.value)

@@ -80,13 +80,17 @@ def validity_reading(table: pd.DataFrame) -> str:
 
 
 def _diagnostic_phrase(kind: str, item: str) -> str:
-    """How the validity reading names a diagnostic row: R by its metric label, the erasure by
-    LEACE's label, a leak metric by its item ('the Grad-CAM outside mass')."""
+    """How the validity reading names a diagnostic row: R by the metric label of the
+    "recoverability" supplier its item names, the erasure by the label of the erasure's
+    supplier ('LEACE erasure'), a leak metric by its item ('the Grad-CAM outside mass')."""
     if kind == "R":
-        cls = rd.diagnostic_class("parent_probe")
-        return cls.metric_label("R") if cls is not None else "R"
+        for name, metric in rd.suppliers("recoverability"):
+            if item.startswith(rd.diagnostic_label(name, metric) + " ("):
+                return rd.diagnostic_class(name).metric_label(metric)
+        return "R"
     if kind == "erasure":
-        return f"{rd.diagnostic_label('leace')} erasure"
+        names = [n for n, _ in rd.suppliers("head_accuracy_before_erasure") if item.startswith(rd.diagnostic_label(n) + " ")]
+        return f"{rd.diagnostic_label(names[0]) if names else item.split(' ')[0]} erasure"
     return f"the {item}"
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from shortcutlab.report import readings as rd
-from shortcutlab.report.tables import dose_pairs, gradcam_rows, gradcam_summary, per_model_accuracy
+from shortcutlab.report.tables import (R_QUANTITIES, dose_pairs, erasure_setting, gradcam_rows, gradcam_summary, per_model_accuracy,
+                                      supplied_rows)
 
 DPI = 100
 
@@ -174,6 +175,16 @@ def forest_section(est: pd.DataFrame, level: float = 0.95) -> Section:
     return Section(key, title, png=_png(fig), reading=reading)
 
 
+def _run_hint(quantities) -> str:
+    """'run the parent_probe or leace diagnostic': the registered suppliers of `quantities`
+    (`readings.suppliers`), with ', which needs cell masks' when each of them does."""
+    names = list(dict.fromkeys(n for q in quantities for n, _ in rd.suppliers(q)))
+    if not names:
+        return f"no registered diagnostic supplies {' or '.join(quantities)}"
+    masks = all("masks" in getattr(rd.diagnostic_class(n), "needs", ()) for n in names)
+    return f"run the {' or '.join(names)} diagnostic" + (", which needs cell masks" if masks else "")
+
+
 # --- R before and after erasure against the gap --------------------------------------------------
 
 @_plain_text
@@ -185,12 +196,11 @@ def dose_section(pred: pd.DataFrame, results: pd.DataFrame | None, slopes: pd.Da
     if pairs.empty:
         has_r = (results["metric"] == "R").any() if len(results) else False
         why = ("no leak model with an R row has a clean partner in the factorial" if has_r else
-               "the results hold no parent-recoverability R (run the parent_probe or leace diagnostic)")
+               f"the results hold no parent-recoverability R ({_run_hint(R_QUANTITIES)})")
         return left_out(key, title, why)
-    from shortcutlab.report.tables import leace_rank
-
-    rank = leace_rank(results) or ""
-    reading = rd.dose_reading(pairs.assign(), slopes, level, rank=rank)
+    rank = erasure_setting(results) or ""
+    erasure = rd.diagnostic_label(supplied_rows(results, "recoverability_after_erasure")[0])
+    reading = rd.dose_reading(pairs.assign(), slopes, level, rank=rank, erasure=erasure)
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     cmap = plt.get_cmap("tab10")
@@ -215,7 +225,7 @@ def dose_section(pred: pd.DataFrame, results: pd.DataFrame | None, slopes: pd.Da
     ax.grid(alpha=0.3)
     sec = Section(key, title, png=_png(fig), reading=reading)
     if pairs["R_after"].isna().all():
-        sec.notes.append("No LEACE rows: only R before erasure is shown.")
+        sec.notes.append(f"No {rd.supplier_label('recoverability_after_erasure') or 'erasure'} rows: only R before erasure is shown.")
     return sec
 
 
@@ -228,7 +238,7 @@ def gradcam_section(results: pd.DataFrame | None) -> Section:
         return left_out(key, title, "the sweep folder holds no results table (no diagnostics were run)")
     rows = gradcam_rows(results)
     if rows.empty:
-        return left_out(key, title, "the results hold no Grad-CAM rows (run the gradcam diagnostic, which needs cell masks)")
+        return left_out(key, title, f"the results hold no Grad-CAM rows ({_run_hint(('outside_mass',))})")
     summary = gradcam_summary(rows)
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(8.0, 3.4))

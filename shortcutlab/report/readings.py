@@ -73,6 +73,21 @@ def diagnostic_class(name: str):
         return None
 
 
+def suppliers(quantity: str) -> list[tuple[str, str]]:
+    """``(name, metric)`` of every registered diagnostic that supplies `quantity`, sorted by
+    name (`probes.suppliers`; the quantities are `probes.QUANTITIES`)."""
+    import probes
+
+    return probes.suppliers(quantity)
+
+
+def supplier_label(quantity: str) -> str:
+    """How the report names the diagnostic that supplies `quantity` when the results do not
+    say which: the label of the first registered supplier (`suppliers`), '' when none is."""
+    found = suppliers(quantity)
+    return diagnostic_label(found[0][0]) if found else ""
+
+
 def diagnostic_label(name: str, metric: str | None = None) -> str:
     """How the report names a diagnostic ('parent probe'), or one of its metrics with it
     ('Grad-CAM outside mass'): its class's `display_label` and `metric_label`; an unregistered
@@ -259,7 +274,8 @@ def accuracy_reading(per_model: pd.DataFrame, est: pd.DataFrame | None = None, l
     return text + "."
 
 
-def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level: float = 0.95, rank: str = "") -> str:
+def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level: float = 0.95, rank: str = "",
+                 erasure: str | None = None) -> str:
     """The R-versus-gap figure's sentence.
 
     Args:
@@ -267,6 +283,8 @@ def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level:
             `gap_after` (erasure, refitted heads) and `gap_source` ('models' or 'refitted heads').
         slopes: the estimates' ``slope`` rows (gap on R), per condition.
         rank: the erasure's rank setting, for the text.
+        erasure: how the text names the erasure (None: `supplier_label` of
+            "recoverability_after_erasure", e.g. 'LEACE').
     """
     if pairs.empty:
         return "No leak/clean pair has a parent-recoverability R."
@@ -274,7 +292,8 @@ def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level:
             f"{pairs['R'].mean():.3f}")
     if "R_after" in pairs and pairs["R_after"].notna().any():
         ok = pairs.dropna(subset=["R_after"])
-        text += f" before and {ok['R_after'].mean():.3f} after {(diagnostic_label('leace') + ' ' + rank).strip()} erasure"
+        erasure = supplier_label("recoverability_after_erasure") if erasure is None else erasure
+        text += f" before and {ok['R_after'].mean():.3f} after {(erasure + ' ' + rank).strip()} erasure"
         if "gap_after" in ok and ok["gap_after"].notna().any():
             ok = ok.dropna(subset=["gap_after"])
             text += (f", while the gap of refitted heads goes from {pp(ok['gap_before'].mean())} to "

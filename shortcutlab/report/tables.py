@@ -5,11 +5,13 @@ Units: fractions (accuracies, R, outside mass, effects); the readings print them
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 
 from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, headline_arch, intervention_rows, moves_verdict,
-                                         removal_verdict)
+                                         removal_verdict, suppliers)
 
 PAIR_KEYS = ["condition", "arch", "diversity", "seed"]
 
@@ -92,27 +94,61 @@ def _not_class(setting: pd.Series) -> pd.Series:
     return ~setting.str.contains("class=", regex=False)
 
 
-def r_source(results: pd.DataFrame | None) -> tuple[str, object] | None:
-    """(diagnostic, setting) of the models' overall R: the parent probe's (its rows without a
-    class), else LEACE's R before erasure; None without R rows."""
+# --- the rows of a quantity (`probes.QUANTITIES`), found by who supplies it ------------------------
+
+class Source(NamedTuple):
+    """Where the report reads a quantity: the quantity (`probes.QUANTITIES`), the diagnostic and
+    metric of the results rows that carry it (`Diagnostic.supplies`), and the setting read."""
+
+    quantity: str
+    diagnostic: str
+    metric: str
+    setting: object
+
+
+#: The quantities read as the models' R, in order of preference: the parent probe's R, else
+#: the R before erasure.
+R_QUANTITIES = ("recoverability", "recoverability_before_erasure")
+
+
+def supplied_rows(results: pd.DataFrame, quantity: str) -> tuple[str, str, pd.DataFrame]:
+    """(diagnostic, metric, rows) of `quantity` in `results`: the rows of the first registered
+    supplier of it (by name, `readings.suppliers`) that has any; ('', '', no rows) when none has."""
+    for name, metric in suppliers(quantity):
+        r = results[(results["diagnostic"] == name) & (results["metric"] == metric)]
+        if not r.empty:
+            return name, metric, r
+    return "", "", results.iloc[0:0]
+
+
+def _quantity_values(results: pd.DataFrame, quantity: str, setting) -> pd.DataFrame:
+    """`_model_values` of the rows that carry `quantity` (`supplied_rows`)."""
+    name, metric, _ = supplied_rows(results, quantity)
+    return _model_values(results, name, metric, setting)
+
+
+def r_source(results: pd.DataFrame | None) -> Source | None:
+    """Where the models' overall R is read (`R_QUANTITIES`): "recoverability" (its rows
+    without a class, the shortest setting), else "recoverability_before_erasure" at the
+    erasure setting (`erasure_setting`); None when the results supply neither."""
     if results is None or results.empty:
         return None
-    r = results[results["metric"] == "R"]
-    pp = r[(r["diagnostic"] == "parent_probe") & _not_class(r["setting"])]
-    if not pp.empty:
-        setting = sorted(pp["setting"].unique(), key=len)[0]
-        return ("parent_probe", setting)
-    le = r[r["diagnostic"] == "leace"]
-    if not le.empty:
-        return ("leace", leace_rank(results))
+    name, metric, r = supplied_rows(results, "recoverability")
+    r = r[_not_class(r["setting"])]
+    if not r.empty:
+        return Source("recoverability", name, metric, sorted(r["setting"].unique(), key=len)[0])
+    name, metric, r = supplied_rows(results, "recoverability_before_erasure")
+    if not r.empty:
+        return Source("recoverability_before_erasure", name, metric, erasure_setting(results))
     return None
 
 
-def leace_rank(results: pd.DataFrame | None) -> str | None:
-    """The LEACE setting to read ('rank=256', or 'rank=full'): the largest rank present."""
+def erasure_setting(results: pd.DataFrame | None) -> str | None:
+    """The erasure setting to read ('rank=256', or 'rank=full'): the largest among the rows of
+    "recoverability_after_erasure" ('full' above every number); None without them."""
     if results is None or results.empty:
         return None
-    s = results.loc[(results["diagnostic"] == "leace") & (results["metric"] == "R_after"), "setting"].unique()
+    s = supplied_rows(results, "recoverability_after_erasure")[2]["setting"].unique()
     if not len(s):
         return None
 
@@ -123,10 +159,21 @@ def leace_rank(results: pd.DataFrame | None) -> str | None:
     return sorted(s, key=key)[-1]
 
 
+def erasure_heads(results: pd.DataFrame, setting: str) -> tuple[str, pd.DataFrame, pd.DataFrame]:
+    """The refitted heads of the erasure at `setting` on the split's test side: (the diagnostic
+    supplying "head_accuracy_before_erasure", `paired` accuracies before, `paired` after)."""
+    test = f"{setting},test_set=test"
+    name, metric, _ = supplied_rows(results, "head_accuracy_before_erasure")
+    before = paired(results, name, metric, test)
+    after = paired(results, *supplied_rows(results, "head_accuracy_after_erasure")[:2], test)
+    return name, before, after
+
+
 def dose_pairs(pred: pd.DataFrame, results: pd.DataFrame | None, baseline: str = "none") -> pd.DataFrame:
-    """One row per leak/clean pair: R of the leak model, the leak gap (models' own heads, on
-    their common test crops), and with LEACE rows R_after and the gap of refitted heads before
-    and after erasure (gap_before, gap_after).
+    """One row per leak/clean pair: R of the leak model (`r_source`), the leak gap (models' own
+    heads, on their common test crops), and with erasure rows ("recoverability_after_erasure",
+    "head_accuracy_*_erasure") R_after and the gap of refitted heads before and after erasure
+    (gap_before, gap_after).
 
     Returns:
         columns condition, arch, diversity, seed, R, gap, R_after, gap_before, gap_after
@@ -148,16 +195,15 @@ def dose_pairs(pred: pd.DataFrame, results: pd.DataFrame | None, baseline: str =
     gap = (acc["leak"] - acc["clean"]).rename("gap").dropna().reset_index()
     for k in ("condition", "arch", "diversity"):
         gap[k] = gap[k].astype(str)
-    R = _model_values(results, src[0], "R", src[1])
+    R = _model_values(results, src.diagnostic, src.metric, src.setting)
     R = R[R["exposure"] == "leak"][PAIR_KEYS + ["value"]].rename(columns={"value": "R"})
     out = gap.merge(R, on=PAIR_KEYS)
-    rank = leace_rank(results)
+    rank = erasure_setting(results)
     if rank is not None:
-        after = _model_values(results, "leace", "R_after", rank)
+        after = _quantity_values(results, "recoverability_after_erasure", rank)
         after = after[after["exposure"] == "leak"][PAIR_KEYS + ["value"]].rename(columns={"value": "R_after"})
         out = out.merge(after, on=PAIR_KEYS, how="left")
-        test = f"{rank},test_set=test"
-        b, a = paired(results, "leace", "accuracy_before", test), paired(results, "leace", "accuracy_after", test)
+        _, b, a = erasure_heads(results, rank)
         heads = b[PAIR_KEYS + ["diff"]].rename(columns={"diff": "gap_before"}).merge(
             a[PAIR_KEYS + ["diff"]].rename(columns={"diff": "gap_after"}), on=PAIR_KEYS)
         out = out.merge(heads, on=PAIR_KEYS, how="left")
@@ -168,21 +214,22 @@ def dose_pairs(pred: pd.DataFrame, results: pd.DataFrame | None, baseline: str =
 
 
 def gradcam_rows(results: pd.DataFrame | None) -> pd.DataFrame:
-    """One row per model with Grad-CAM rows: keys, outside_mass, randomized_outside_mass,
+    """One row per model with saliency rows (the quantities "outside_mass" and the rest, as
+    Grad-CAM supplies them), a column each: keys, outside_mass, randomized_outside_mass,
     randomized_head_spearman (the head alone, cascade=0), random_pair_spearman."""
     cols = ["model"] + PAIR_KEYS + ["exposure", "outside_mass", "randomized_outside_mass", "randomized_head_spearman",
                                     "random_pair_spearman"]
     if results is None or results.empty:
         return pd.DataFrame(columns=cols)
-    g = results[results["diagnostic"] == "gradcam"]
-    om = g[(g["metric"] == "outside_mass") & ~g["setting"].str.contains("cascade=", regex=False)]
+    name, metric, om = supplied_rows(results, "outside_mass")
+    om = om[~om["setting"].str.contains("cascade=", regex=False)]
     if om.empty:
         return pd.DataFrame(columns=cols)
     base = sorted(om["setting"].unique(), key=len)[0]
-    parts = [_model_values(results, "gradcam", "outside_mass", base).rename(columns={"value": "outside_mass"})]
-    for metric, setting in (("randomized_outside_mass", f"{base},cascade=0"), ("randomized_head_spearman", f"{base},cascade=0"),
-                            ("random_pair_spearman", base)):
-        v = _model_values(results, "gradcam", metric, setting)[["model", "value"]].rename(columns={"value": metric})
+    parts = [_model_values(results, name, metric, base).rename(columns={"value": "outside_mass"})]
+    for quantity, setting in (("randomized_outside_mass", f"{base},cascade=0"), ("randomized_head_spearman", f"{base},cascade=0"),
+                              ("random_pair_spearman", base)):
+        v = _quantity_values(results, quantity, setting)[["model", "value"]].rename(columns={"value": quantity})
         parts.append(v)
     out = parts[0]
     for v in parts[1:]:
@@ -232,9 +279,10 @@ def validity_table(est: pd.DataFrame, results: pd.DataFrame | None = None, *, n_
     - ``intervention``: estimate = the leak cut, share = the share removed, clean_cost = the
       accuracy cost on clean models, each with its interval from `est`; verdict from
       `readings.removal_verdict` ('uninformative' when the cost exceeds the leak);
-    - ``R``: estimate = leak-model R minus clean-model R (the parent probe), paired by seed;
-    - ``erasure``: estimate = the leak gap of refitted heads before minus after LEACE erasure
-      (the largest rank), share = that cut over the gap before, clean_cost = the clean
+    - ``R``: estimate = leak-model R minus clean-model R, paired by seed, where the R is the
+      quantity "recoverability" (the parent probe's; `r_source`);
+    - ``erasure``: estimate = the leak gap of refitted heads before minus after erasure
+      ("head_accuracy_before_erasure" and "..._after_erasure", LEACE's, at the largest rank), share = that cut over the gap before, clean_cost = the clean
       heads' accuracy cost; verdict as for an intervention;
     - one per metric a registered diagnostic declares in its ``leak_metrics`` (kind = the
       diagnostic's name, e.g. ``gradcam``: leak-model minus clean-model Grad-CAM outside
@@ -275,7 +323,7 @@ def validity_table(est: pd.DataFrame, results: pd.DataFrame | None = None, *, n_
 
 def _diagnostic_sources(results: pd.DataFrame | None) -> dict | None:
     """What the validity table reads in `results`, found once: the R source (`r_source`), the
-    LEACE rank (`leace_rank`) and, per registered diagnostic declaring ``leak_metrics``, each
+    erasure setting (`erasure_setting`) and, per registered diagnostic declaring ``leak_metrics``, each
     metric's overall setting (the shortest naming no class); None without results."""
     if results is None or results.empty:
         return None
@@ -288,7 +336,7 @@ def _diagnostic_sources(results: pd.DataFrame | None) -> dict | None:
             settings = [v for v in r["setting"].unique() if "class=" not in str(v)]
             if settings:
                 leak_metrics.append((name, metric, sorted(settings, key=len)[0]))
-    return {"r": r_source(results), "rank": leace_rank(results), "leak_metrics": leak_metrics}
+    return {"r": r_source(results), "rank": erasure_setting(results), "leak_metrics": leak_metrics}
 
 
 def _intervention_validity(est: pd.DataFrame, head: dict, n_seeds) -> list[dict]:
@@ -310,22 +358,21 @@ def _moves_row(values: pd.DataFrame, head: dict, kind: str, item: str, boot: dic
 
 
 def _r_validity(results: pd.DataFrame, sources: dict, head: dict, boot: dict) -> list[dict]:
-    """The parent probe's R row (the models' R where it comes from the parent probe)."""
+    """The R row, where the models' R is the quantity "recoverability" (not the R before an
+    erasure), named "<label> <metric label> (<setting>)" by its supplier."""
     src = sources["r"]
-    if src is None or src[0] != "parent_probe":
+    if src is None or src.quantity != "recoverability":
         return []
-    item = f"{diagnostic_label('parent_probe', 'R')} ({src[1] or 'overall'})"
-    return _moves_row(paired(results, "parent_probe", "R", src[1]), head, "R", item, boot)
+    item = f"{diagnostic_label(src.diagnostic, src.metric)} ({src.setting or 'overall'})"
+    return _moves_row(paired(results, src.diagnostic, src.metric, src.setting), head, "R", item, boot)
 
 
 def _erasure_validity(results: pd.DataFrame, sources: dict, head: dict, lr, boot: dict) -> list[dict]:
-    """The LEACE erasure row: the refitted heads' leak gap before minus after erasure."""
+    """The erasure row: the refitted heads' leak gap before minus after erasure (`erasure_heads`)."""
     rank = sources["rank"]
     if rank is None:
         return []
-    test = f"{rank},test_set=test"
-    b = paired(results, "leace", "accuracy_before", test)
-    a = paired(results, "leace", "accuracy_after", test)
+    name, b, a = erasure_heads(results, rank)
     j = b.merge(a, on=PAIR_KEYS, suffixes=("_b", "_a"))
     j = _pair_subset(j, head["condition"], head["diversity"], head["arch"])
     if not len(j):
@@ -336,7 +383,7 @@ def _erasure_validity(results: pd.DataFrame, sources: dict, head: dict, lr, boot
     cost = float(j.groupby("seed")["cost"].mean().mean())
     share = m / gap if gap else np.nan
     verdict = removal_verdict(m, lo, hi, share, lr["estimate"], lr["ci_low"], lr["ci_high"], cost)
-    return [dict(head, kind="erasure", item=f"{diagnostic_label('leace')} {rank} (refitted heads)", estimate=m, ci_low=lo,
+    return [dict(head, kind="erasure", item=f"{diagnostic_label(name)} {rank} (refitted heads)", estimate=m, ci_low=lo,
                  ci_high=hi, share=share, clean_cost=cost, verdict=verdict, n_seeds=k)]
 
 
