@@ -21,7 +21,7 @@ PACKAGES = ("shortcutlab", "interventions", "probes")
 LAYERS: list[tuple[str, ...]] = [
     ("shortcutlab.errors", "shortcutlab.version", "shortcutlab.markdown"),
     ("shortcutlab.io", "shortcutlab.paths", "shortcutlab.plugins", "shortcutlab.stats"),
-    ("shortcutlab.data",),
+    ("shortcutlab.data", "shortcutlab.ingest"),
     ("shortcutlab.synth",),
     ("interventions",),
     ("shortcutlab.models",),
