@@ -218,8 +218,8 @@ def _join_labels(frame: pd.DataFrame, labels: str, fields: tuple[str, ...]) -> t
     absent = ~frame[key].isin(lookup.index).to_numpy()
     if absent.any():
         which = frame["file"][absent].tolist()
-        more = f" and {len(which) - 1} more" if len(which) > 1 else ""
-        raise FileTableError(f"crop {which[0]!r} has no row in labels CSV {labels!r} (joined on column {key!r}){more}; "
+        more = f" and {len(which) - 1} more have" if len(which) > 1 else " has"
+        raise FileTableError(f"crop {which[0]!r}{more} no row in labels CSV {labels!r} (joined on column {key!r}); "
                              "every crop needs one")
     joined = lookup.loc[frame[key].to_numpy()].reset_index(drop=True)
     for col in joined.columns:
