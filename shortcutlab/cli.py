@@ -1080,6 +1080,8 @@ def _add_table_command(sub) -> None:
                    "or '{patient}/{parent}/{id}.png'; {name} keeps a path part as a column, {*} matches without keeping it")
     t.add_argument("--labels", metavar="CSV", help="CSV joined on its 'file' (path relative to DIR) or 'id' column; its "
                    "other columns (label, parent, ...) join the table")
+    t.add_argument("--parent-from", metavar="FIELD,FIELD", help="make the parent from these fields of the pattern, joined "
+                   "with '/' (e.g. label,field when field numbers restart in each class folder); the pattern has no {parent}")
     t.add_argument("--out", required=True, metavar="TABLE.csv", help="the table; its summary goes to TABLE.json beside it")
     t.set_defaults(func=cmd_table)
 
@@ -1093,7 +1095,8 @@ def cmd_table(args) -> int:
         raise OutputError(f"--out {args.out!r} would be overwritten by its JSON summary; name the table *.csv")
     _check_output_files(args.labels, [("--out", args.out), ("the summary of --out", side)])
     folder = os.path.dirname(os.path.abspath(args.out))
-    frame, report = table_from_files(args.folder, args.pattern, labels=args.labels, relative_to=folder)
+    parent_from = None if args.parent_from is None else args.parent_from.split(",")
+    frame, report = table_from_files(args.folder, args.pattern, labels=args.labels, relative_to=folder, parent_from=parent_from)
     write_file_table(frame, report, args.out)
     r = report
     print(f"table: {r['n_crops']} crops, {len(r['classes'])} classes, {r['n_parents']} parents, from {r['n_files']} files "
@@ -1105,7 +1108,7 @@ def cmd_table(args) -> int:
     if r["n_parents_with_several_labels"]:
         print(f"  note: {r['n_parents_with_several_labels']} parents hold crops of several labels (first: "
               f"{', '.join(r['parents_with_several_labels_first'])}); right for mixed fields, wrong if the parent names "
-              "restart in each class folder")
+              "restart in each class folder (then --parent-from)")
     print(f"  classes: {', '.join(f'{k} {v}' for k, v in r['classes'].items())}")
     print(f"  wrote {args.out} (columns {', '.join(r['columns'])}; paths relative to its folder) and {side}")
     print(f"  audit it: shortcutlab audit {args.out} --id id --label label --parent parent --image path")

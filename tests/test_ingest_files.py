@@ -162,3 +162,18 @@ def test_write_file_table_leaves_nothing_when_the_table_is_invalid(tmp_path) -> 
     with pytest.raises(Exception, match="unique"):
         write_file_table(frame, {}, tmp_path / "t.csv")
     assert os.listdir(tmp_path) == []
+
+
+def test_parent_from_keeps_restarting_field_numbers_apart(tmp_path, capsys) -> None:
+    truth, _ = _sipakmed(tmp_path / "S")
+    out = tmp_path / "t.csv"
+    assert main(["table", str(tmp_path / "S"), "--pattern", "im_{label}/CROPPED/{field}_{*}.bmp",
+                 "--parent-from", "label,field", "--out", str(out)]) == 0
+    assert "several labels" not in capsys.readouterr().out
+    table = CropTable.from_csv(out, id="id", image="path")
+    frame = table.frame.set_index("id")
+    assert {cid: frame.loc[cid, "parent"] for cid in truth} == {cid: f"{t['label']}/{t['parent']}" for cid, t in truth.items()}
+    assert table.n_parents == len({(t["label"], t["parent"]) for t in truth.values()})
+    side = json.loads(open(summary_path(out)).read())
+    assert side["parent_from"] == ["label", "field"] and side["n_parents_with_several_labels"] == 0
+    assert list(pd.read_csv(out, dtype=str).columns) == ["id", "path", "label", "parent", "field", "w", "h"]

@@ -14,6 +14,10 @@ to the folder (``/`` separated, the whole path):
   the rest match, left to right (``{parent}_{*}.bmp`` on ``001_02_03.bmp`` gives parent
   ``001``).
 
+Where field numbers restart in each class folder (SIPaKMeD), a ``{parent}`` field would merge
+fields of different classes: ``parent_from=("label", "field")`` makes the parent from several
+fields joined with ``/`` instead (``Parabasal/001``).
+
 Without an ``{id}`` field the id is the relative path without its extension
 (``im_A/CROPPED/001_02``). Ids must be unique: two files with one id are an error naming both.
 
@@ -29,8 +33,9 @@ headers with PIL, no decoding). Files that do not match are counted and the firs
 in the report; a crop left without a label or a parent is an error naming it.
 
 Example:
-    >>> frame, report = table_from_files("SIPaKMeD", "im_{label}/CROPPED/{parent}_{*}.bmp")  # doctest: +SKIP
-    >>> write_file_table(frame, report, "sipakmed.csv")                                        # doctest: +SKIP
+    >>> frame, report = table_from_files("SIPaKMeD", "im_{label}/CROPPED/{field}_{*}.bmp",  # doctest: +SKIP
+    ...                                  parent_from=("label", "field"), relative_to=".")
+    >>> write_file_table(frame, report, "sipakmed.csv")                                       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 import pandas as pd
 
@@ -164,7 +170,7 @@ def _read_labels(path: str, fields: tuple[str, ...]) -> tuple[str, pd.DataFrame]
     key = keys[0]
     for col in df.columns:
         if col in RESERVED or (col in fields and col != key):
-            why = "a column the table computes" if col in RESERVED else "also a field of the pattern"
+            why = "a column the table computes" if col in RESERVED else "also given by the pattern"
             raise FileTableError(f"labels CSV {path!r}: column {col!r} is {why}; a column comes from one place only")
     missing = df[key].isna().to_numpy()
     if missing.any():
@@ -228,6 +234,23 @@ def _join_labels(frame: pd.DataFrame, labels: str, fields: tuple[str, ...]) -> t
     return frame, unused
 
 
+def _check_parent_from(pat: FilePattern, parent_from: Sequence[str] | None) -> tuple[str, ...]:
+    """The fields a parent is made of, checked against the pattern (empty: none asked)."""
+    if parent_from is None:
+        return ()
+    fields = tuple(str(f).strip() for f in ([parent_from] if isinstance(parent_from, str) else parent_from))
+    if not fields:
+        raise FileTableError("parent-from names no field; expected fields of the pattern, e.g. label,field")
+    if "parent" in pat.fields:
+        raise FileTableError(f"pattern {pat.text!r} has a {{parent}} field and parent-from {','.join(fields)} makes "
+                             "another; give one of them")
+    unknown = [f for f in fields if f not in pat.fields]
+    if unknown:
+        raise FileTableError(f"parent-from names {unknown[0]!r}, which is not a field of pattern {pat.text!r}; "
+                             f"its fields are: {', '.join(pat.fields) or 'none'}")
+    return fields
+
+
 def _require_roles(frame: pd.DataFrame, pattern: FilePattern, labels: str | None) -> None:
     for role in ("label", "parent"):
         if role not in frame.columns:
@@ -241,7 +264,8 @@ def _require_roles(frame: pd.DataFrame, pattern: FilePattern, labels: str | None
 
 
 def table_from_files(root: str | os.PathLike, pattern: str, labels: str | os.PathLike | None = None,
-                     relative_to: str | os.PathLike | None = None) -> tuple[pd.DataFrame, dict]:
+                     relative_to: str | os.PathLike | None = None,
+                     parent_from: Sequence[str] | None = None) -> tuple[pd.DataFrame, dict]:
     """A crop table of the files under `root` whose relative paths match `pattern`.
 
     Args:
@@ -251,6 +275,9 @@ def table_from_files(root: str | os.PathLike, pattern: str, labels: str | os.Pat
             columns to join (``label``, ``parent``, ...).
         relative_to: the folder the ``path`` column is relative to (default `root`); give the
             folder of the table to be written.
+        parent_from: fields of the pattern whose values, joined with ``/``, make the parent
+            (``("label", "field")`` when field numbers restart in each class folder); the
+            pattern then has no ``{parent}``.
 
     Returns:
         The table (columns id, path, label, parent, other fields, w, h; sorted by id) and the
@@ -266,11 +293,14 @@ def table_from_files(root: str | os.PathLike, pattern: str, labels: str | os.Pat
 
     need_folder(root, "folder", FileTableError)
     pat = compile_pattern(pattern)
+    parent_from = _check_parent_from(pat, parent_from)
     rows, unmatched, n_files = _match_files(root, pat)
     frame = pd.DataFrame(rows)
+    if parent_from:
+        frame["parent"] = ["/".join(parts) for parts in zip(*(frame[f] for f in parent_from))]
     unused: list[str] = []
     if labels is not None:
-        frame, unused = _join_labels(frame, os.fspath(labels), pat.fields)
+        frame, unused = _join_labels(frame, os.fspath(labels), pat.fields + (("parent",) if parent_from else ()))
     _require_roles(frame, pat, None if labels is None else os.fspath(labels))
     base = os.path.abspath(os.fspath(relative_to) if relative_to is not None else root)
     sizes = [_image_size(os.path.join(root, f), f) for f in frame["file"]]
@@ -279,7 +309,7 @@ def table_from_files(root: str | os.PathLike, pattern: str, labels: str | os.Pat
     frame["h"] = [s[1] for s in sizes]
     extra = [c for c in frame.columns if c not in ("id", "path", "label", "parent", "file", "w", "h")]
     frame = frame[["id", "path", "label", "parent", *extra, "w", "h"]].sort_values("id", kind="stable").reset_index(drop=True)
-    report = _report(root, pat, labels, n_files, unmatched, frame, unused)
+    report = {**_report(root, pat, labels, n_files, unmatched, frame, unused), "parent_from": list(parent_from) or None}
     return frame, report
 
 
