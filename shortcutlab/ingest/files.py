@@ -140,7 +140,9 @@ def compile_pattern(text: str) -> FilePattern:
 
 
 def _walk(root: str) -> list[str]:
-    """Every file under `root` (symbolic links to files included), as sorted ``/`` paths."""
+    """Every file under `root`, as sorted ``/`` paths: hidden files and symbolic links to files
+    included (an unmatched one is counted like any other), symbolic links to folders not
+    followed (a link loop cannot make the walk endless)."""
     out = []
     for folder, dirs, files in os.walk(root):
         dirs.sort()
@@ -190,7 +192,7 @@ def _image_size(path: str, rel: str) -> tuple[int, int]:
     try:
         with Image.open(path) as im:
             return im.size
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as e:
         raise FileTableError(f"file {rel!r} matches the pattern but is not an image PIL can read "
                              f"({' '.join(str(e).split())})") from None
 
