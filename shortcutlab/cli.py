@@ -843,7 +843,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_audit_command, _add_split_command, _add_synth_command, _add_train_command, _add_demo_command,
                 _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_results_command, _add_report_command,
-                _add_litmus_command, _add_control_command, _add_verify_command):
+                _add_litmus_command, _add_control_command, _add_verify_command,
+                _add_table_command,
+                ):
         add(sub)
     return parser
 
@@ -1067,6 +1069,50 @@ def _add_retrain_options(p: argparse.ArgumentParser, outputs: str, mask_help: st
     for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent"), ("--image", "path")):
         p.add_argument(flag, default=default, help=f"manifest column (default {default})")
     p.add_argument("--mask", default="mask", help=mask_help)
+
+
+# --- issue 22: `shortcutlab table`, a crop table from a released folder ---------------------
+def _add_table_command(sub) -> None:
+    """`shortcutlab table`: a crop table from the files of a folder whose paths match a pattern."""
+    t = sub.add_parser("table", help="a crop table from the files of a released folder whose paths match a pattern")
+    t.add_argument("folder", metavar="DIR", help="the released folder")
+    t.add_argument("--pattern", required=True, help="relative path with fields, e.g. 'im_{label}/CROPPED/{parent}_{*}.bmp' "
+                   "or '{patient}/{parent}/{id}.png'; {name} keeps a path part as a column, {*} matches without keeping it")
+    t.add_argument("--labels", metavar="CSV", help="CSV joined on its 'file' (path relative to DIR) or 'id' column; its "
+                   "other columns (label, parent, ...) join the table")
+    t.add_argument("--parent-from", metavar="FIELD,FIELD", help="make the parent from these fields of the pattern, joined "
+                   "with '/' (e.g. label,field when field numbers restart in each class folder); the pattern has no {parent}")
+    t.add_argument("--out", required=True, metavar="TABLE.csv", help="the table; its summary goes to TABLE.json beside it")
+    t.set_defaults(func=cmd_table)
+
+
+def cmd_table(args) -> int:
+    from shortcutlab.ingest.files import summary_path, table_from_files, write_file_table
+    from shortcutlab.io import OutputError
+
+    side = summary_path(args.out)
+    if side == os.fspath(args.out):
+        raise OutputError(f"--out {args.out!r} would be overwritten by its JSON summary; name the table *.csv")
+    _check_output_files(args.labels, [("--out", args.out), ("the summary of --out", side)])
+    folder = os.path.dirname(os.path.abspath(args.out))
+    parent_from = None if args.parent_from is None else args.parent_from.split(",")
+    frame, report = table_from_files(args.folder, args.pattern, labels=args.labels, relative_to=folder, parent_from=parent_from)
+    write_file_table(frame, report, args.out)
+    r = report
+    print(f"table: {r['n_crops']} crops, {len(r['classes'])} classes, {r['n_parents']} parents, from {r['n_files']} files "
+          f"under {args.folder} ({r['n_matched']} match the pattern, {r['n_unmatched']} do not)")
+    if r["n_unmatched"]:
+        print(f"  not matched (first {len(r['unmatched_first'])}): {', '.join(r['unmatched_first'])}")
+    if r["n_labels_unused"]:
+        print(f"  warning: {r['n_labels_unused']} rows of {args.labels} match no crop (first: {', '.join(r['labels_unused_first'])})")
+    if r["n_parents_with_several_labels"]:
+        print(f"  note: {r['n_parents_with_several_labels']} parents hold crops of several labels (first: "
+              f"{', '.join(r['parents_with_several_labels_first'])}); right for mixed fields, wrong if the parent names "
+              "restart in each class folder (then --parent-from)")
+    print(f"  classes: {', '.join(f'{k} {v}' for k, v in r['classes'].items())}")
+    print(f"  wrote {args.out} (columns {', '.join(r['columns'])}; paths relative to its folder) and {side}")
+    print(f"  audit it: shortcutlab audit {args.out} --id id --label label --parent parent --image path")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2695,3 +2695,107 @@ I21_SUPPLIES_CASES = [
 @pytest.mark.parametrize("case", I21_SUPPLIES_CASES, ids=[c.id for c in I21_SUPPLIES_CASES])
 def test_i21_diagnostic_supplies_bad_input(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+
+
+# --- issue 22: P1, `shortcutlab table` (a crop table from a released folder) ---
+import os as _os22  # noqa: E402
+
+from shortcutlab.ingest.files import FileTableError as _FileTableError22  # noqa: E402
+from shortcutlab.ingest.files import compile_pattern as _compile22  # noqa: E402
+from shortcutlab.ingest.files import table_from_files as _table22  # noqa: E402
+
+
+def _folder22(tmp_path, files=("A/f1_1.png", "A/f1_2.png", "B/f2_1.png")) -> str:
+    """A released folder of tiny crops (class folder / field_n.png)."""
+    from PIL import Image
+
+    root = tmp_path / "rel"
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(_np.zeros((4, 5, 3), dtype=_np.uint8)).save(root / rel)
+    return str(root)
+
+
+def _labels22(tmp_path, text: str) -> str:
+    path = tmp_path / "labels.csv"
+    path.write_text(text)
+    return str(path)
+
+
+def _not_an_image22(tmp_path):
+    root = _folder22(tmp_path)
+    with open(_os22.path.join(root, "A", "f1_3.png"), "w") as f:
+        f.write("not a png")
+    return _table22(root, "{label}/{parent}_{*}.png")
+
+
+I22_P1_CASES = [
+    Case("i22-table-unclosed-brace", lambda p: _compile22("im_{label/{parent}.bmp"), _FileTableError22,
+         ("pattern 'im_{label/{parent}.bmp'", "'{' at character 4", "no closing '}'")),
+    Case("i22-table-stray-closing-brace", lambda p: _compile22("im_label}/{parent}.bmp"), _FileTableError22,
+         ("'}' at character 9", "no opening '{'")),
+    Case("i22-table-field-not-a-name", lambda p: _compile22("{la bel}/{parent}.bmp"), _FileTableError22,
+         ("field {la bel}", "character 1", "is not a name")),
+    Case("i22-table-touching-fields", lambda p: _compile22("{parent}{id}.bmp"), _FileTableError22,
+         ("character 9", "touches the field before it", "literal separator")),
+    Case("i22-table-reserved-field", lambda p: _compile22("{parent}/{w}.png"), _FileTableError22,
+         ("field {w}", "reserved name")),
+    Case("i22-table-no-field", lambda p: _compile22("a/b.png"), _FileTableError22, ("pattern 'a/b.png' has no field",)),
+    Case("i22-table-no-parent", lambda p: _table22(_folder22(p), "{label}/{*}.png"), _FileTableError22,
+         ("pattern '{label}/{*}.png' has no {parent} field", "no labels CSV", "every crop needs a parent")),
+    Case("i22-table-crop-not-in-labels", lambda p: _table22(_folder22(p), "{*}/{parent}_{*}.png",
+                                                            labels=_labels22(p, "file,label\nA/f1_1.png,x\nA/f1_2.png,x\n")),
+         _FileTableError22, ("crop 'B/f2_1.png' has no row in labels CSV", "labels.csv", "column 'file'")),
+    Case("i22-table-empty-label", lambda p: _table22(_folder22(p), "{*}/{parent}_{*}.png",
+                                                     labels=_labels22(p, "id,label\nA/f1_1,x\nA/f1_2,\nB/f2_1,y\n")),
+         _FileTableError22, ("crop 'A/f1_2.png' has no label", "column 'label' is empty", "labels.csv")),
+    Case("i22-table-labels-no-key", lambda p: _table22(_folder22(p), "{*}/{parent}_{*}.png",
+                                                       labels=_labels22(p, "name,label\nA/f1_1,x\n")),
+         _FileTableError22, ("labels.csv", "neither of the columns 'file' and 'id'", "columns are: name, label")),
+    Case("i22-table-labels-duplicate-key", lambda p: _table22(_folder22(p), "{*}/{parent}_{*}.png",
+                                                              labels=_labels22(p, "id,label\nA/f1_1,x\nA/f1_1,y\n")),
+         _FileTableError22, ("labels.csv", "id 'A/f1_1' appears twice", "data rows 1 and 2")),
+    Case("i22-table-labels-column-twice", lambda p: _table22(_folder22(p), "{label}/{parent}_{*}.png",
+                                                             labels=_labels22(p, "id,label\nA/f1_1,x\n")),
+         _FileTableError22, ("labels.csv", "column 'label' is also given by the pattern")),
+    Case("i22-table-duplicate-id", lambda p: _table22(_folder22(p, ("A/f1_1.png", "A/f1_1.bmp")), "{label}/{parent}_{*}.{*}"),
+         _FileTableError22, ("files 'A/f1_1.bmp' and 'A/f1_1.png'", "same id 'A/f1_1'", "unique")),
+    Case("i22-table-not-an-image", _not_an_image22, _FileTableError22,
+         ("file 'A/f1_3.png' matches the pattern", "not an image")),
+    Case("i22-table-nothing-matches", lambda p: _table22(_folder22(p), "{label}/{parent}.bmp"), _FileTableError22,
+         ("no file under", "matches pattern '{label}/{parent}.bmp'", "3 files seen", "'A/f1_1.png'")),
+    Case("i22-table-parent-from-and-parent", lambda p: _table22(_folder22(p), "{label}/{parent}_{*}.png", parent_from=["label"]),
+         _FileTableError22, ("has a {parent} field", "parent-from label", "give one of them")),
+    Case("i22-table-parent-from-unknown", lambda p: _table22(_folder22(p), "{label}/{f}_{*}.png", parent_from=["label", "field"]),
+         _FileTableError22, ("parent-from names 'field'", "not a field of pattern", "its fields are: label, f")),
+    Case("i22-table-parent-from-and-labels-parent",
+         lambda p: _table22(_folder22(p), "{label}/{f}_{*}.png", parent_from=["label", "f"],
+                            labels=_labels22(p, "id,parent\nA/f1_1,x\n")),
+         _FileTableError22, ("labels.csv", "column 'parent' is also given by the pattern")),
+    Case("i22-table-folder-missing", lambda p: _table22(p / "nowhere", "{label}/{parent}.bmp"), _FileTableError22,
+         ("folder", "nowhere", "does not exist")),
+]
+
+
+@pytest.mark.parametrize("case", I22_P1_CASES, ids=[c.id for c in I22_P1_CASES])
+def test_i22_table_from_files_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--pattern", "{label}/{*}.png"], ("shortcutlab table: error:", "no {parent} field")),
+    (["--pattern", "{label/{parent}_{*}.png"], ("'{' at character 1", "no closing '}'")),
+    (["--pattern", "{label}/{parent}_{*}.png", "--labels", "missing.csv"], ("labels CSV", "missing.csv", "does not exist")),
+], ids=["no-parent", "unbalanced", "labels-missing"])
+def test_i22_table_cli_errors_leave_no_output(argv, names, tmp_path, capsys) -> None:
+    out = tmp_path / "out" / "t.csv"
+    line = cli_error(["table", _folder22(tmp_path), *argv, "--out", str(out)], capsys)
+    for name in names:
+        assert name in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_i22_table_cli_refuses_a_json_table_path(tmp_path, capsys) -> None:
+    line = cli_error(["table", _folder22(tmp_path), "--pattern", "{label}/{parent}_{*}.png", "--out", str(tmp_path / "t.json")], capsys)
+    assert "--out" in line and "t.json" in line and "name the table *.csv" in line
+    assert not (tmp_path / "t.json").exists()
