@@ -123,8 +123,16 @@ def _read_windows(df: pd.DataFrame, source: str, parent_image: str, center_cols:
                   box_cols: list[str] | None, roles: dict) -> tuple[pd.DataFrame, np.ndarray]:
     """The rows as a validated crop table (sorted by id; `CropTable` names a missing column or
     a coordinate that is not a number, with its row) and their (N, 4) windows x0, y0, w, h."""
-    crops = CropTable.from_frame(df, **roles, image=parent_image, box=box_cols, center=center_cols,
-                                 crop_size=float(size) if size is not None else None, source=source)
+    if parent_image not in df.columns:
+        raise TableError(f"parent image column {parent_image!r} is missing from {source}; "
+                         f"columns are: {', '.join(map(str, df.columns))}")
+    try:
+        crops = CropTable.from_frame(df, **roles, image=parent_image, box=box_cols, center=center_cols,
+                                     crop_size=float(size) if size is not None else None, source=source)
+    except TableError as e:
+        if source in str(e):
+            raise
+        raise TableError(f"{source}: {e}") from None  # a value error names its column and row, here also the file
     frame = crops.frame
     win = _windows(frame)
     if center_cols:
