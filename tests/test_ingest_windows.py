@@ -216,3 +216,38 @@ def test_sixteen_bit_grey_parents_keep_their_values(tmp_path) -> None:
     out = str(tmp_path / "out")
     cut_crops(str(tmp_path / "t.csv"), "im", out, center="cx,cy", size=8)
     np.testing.assert_array_equal(crop_pixels(out, "g"), img[16:24, 26:34])
+
+
+def test_a_failed_run_leaves_the_earlier_output(tmp_path) -> None:
+    table = write_study(tmp_path, [("c1", "a", "A", "a.png", 60, 60)], {"a.png": gradient()})
+    out = str(tmp_path / "out")
+    cut_crops(table, "image", out, center="cx,cy", size=20)
+    before = crop_pixels(out, "c1")
+    with pytest.raises(WindowError, match="'c1'.*reaches past"):
+        cut_crops(table, "image", out, center="cx,cy", size=150)
+    np.testing.assert_array_equal(crop_pixels(out, "c1"), before)
+    assert pd.read_csv(os.path.join(out, "crops.csv"))["w"].tolist() == [20]
+
+
+def test_a_frame_with_a_root_and_a_group_column(tmp_path) -> None:
+    img = gradient()
+    (tmp_path / "imgs").mkdir()
+    Image.fromarray(img).save(tmp_path / "imgs" / "f.png")
+    frame = pd.DataFrame({"cell": [7, 8], "cls": ["a", "b"], "field": [1, 1], "patient": ["P1", "P1"], "file": ["f.png"] * 2,
+                          "x": [10.0, 20.4], "y": [30.0, 29.6]})
+    out = str(tmp_path / "out")
+    result = cut_crops(frame, "file", out, center=["x", "y"], size=10, id="cell", label="cls", parent="field",
+                       group="patient", root=str(tmp_path / "imgs"))
+    written = pd.read_csv(result.table_path)
+    assert written["group"].tolist() == ["P1", "P1"] and written["parent"].tolist() == [1, 1]
+    # centre (20.4, 29.6): top-left floor(20.4 - 5 + 0.5), floor(29.6 - 5 + 0.5) = (15, 25)
+    assert written[["x", "y"]].values.tolist() == [[5, 25], [15, 25]]
+    np.testing.assert_array_equal(crop_pixels(out, "8"), img[25:35, 15:25])
+
+
+def test_the_working_directory_is_not_replaced(tmp_path, monkeypatch) -> None:
+    table = write_study(tmp_path, [("c1", "a", "A", "a.png", 60, 60)], {"a.png": gradient()})
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path / "out")
+    with pytest.raises(WindowError, match="holds the working directory"):
+        cut_crops(table, "image", ".", center="cx,cy", size=20)

@@ -278,6 +278,14 @@ def _check_args(size, border: str, fill, compress_level: int, center, box) -> No
         raise ShortcutlabError(f"compress_level must be 0 .. 9; got {compress_level!r}")
 
 
+def _refuse_working_directory(out: str) -> None:
+    """The output folder is replaced whole (`io.atomic_dir`): it must not hold the working directory."""
+    target, here = os.path.realpath(out), os.path.realpath(os.getcwd())
+    if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
+        raise WindowError(f"output folder {out!r} holds the working directory, and the crops folder is replaced whole; "
+                          "give another folder")
+
+
 def _out_frame(frame: pd.DataFrame, win: np.ndarray, names: list[str], padded: np.ndarray) -> pd.DataFrame:
     out = pd.DataFrame({"id": frame["id"], "path": ["crops/" + n for n in names], "label": frame["label"],
                         "parent": frame["parent"]})
@@ -355,6 +363,7 @@ def cut_crops(
     paths = _image_paths(frame, os.fspath(root), parent_image)
     names = _file_names(list(frame["id"]))
     out = os.fspath(out_dir)
+    _refuse_working_directory(out)
     with atomic_dir(out, "crops", CROPS_FILES) as tmp:
         os.makedirs(os.path.join(tmp, "crops"))
         padded = _cut_all(frame, paths, win, border, fill, os.path.join(tmp, "crops"), names, int(compress_level))
