@@ -251,3 +251,15 @@ def test_the_working_directory_is_not_replaced(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path / "out")
     with pytest.raises(WindowError, match="holds the working directory"):
         cut_crops(table, "image", ".", center="cx,cy", size=20)
+
+
+def test_refused_windows_are_found_before_any_image_is_decoded(tmp_path, monkeypatch) -> None:
+    import shortcutlab.ingest.windows as windows
+
+    rows = [("a", "a", "A", "a.png", 60, 60), ("b", "a", "A", "a.png", 2, 60), ("c", "a", "B", "b.png", 60, 118),
+            ("d", "a", "B", "b.png", 60, 119)]
+    table = write_study(tmp_path, rows, {"a.png": gradient(), "b.png": gradient()})
+    monkeypatch.setattr(windows, "read_parent", lambda p: pytest.fail("an image was decoded before the border check"))
+    with pytest.raises(WindowError, match=r"crop 'b': window x -3\.\.6, y 55\.\.64 reaches past .*a\.png' \(2 more windows do\)"):
+        cut_crops(table, "image", str(tmp_path / "out"), center="cx,cy", size=10)
+    assert not (tmp_path / "out").exists()

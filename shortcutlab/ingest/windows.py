@@ -185,6 +185,37 @@ def read_parent(path: str) -> np.ndarray:
         raise WindowError(f"parent image {path!r} cannot be read as an image: {' '.join(str(e).split()) or type(e).__name__}") from None
 
 
+def _image_size(path: str) -> tuple[int, int]:
+    """(width, height) of an image from its header, without decoding its pixels."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception as e:  # Pillow raises many kinds for a file it cannot decode
+        raise WindowError(f"parent image {path!r} cannot be read as an image: {' '.join(str(e).split()) or type(e).__name__}") from None
+
+
+def _check_borders(frame: pd.DataFrame, paths: list[str], win: np.ndarray, border: str) -> None:
+    """Refuse, before any crop is cut, a window wholly outside its image (in every mode) and,
+    with ``border="refuse"``, a window that reaches past the border; each message names the
+    first such crop, its window and image, and how many windows share the problem."""
+    sizes = {p: _image_size(p) for p in dict.fromkeys(paths)}
+    wh = np.array([sizes[p] for p in paths], dtype=np.int64).reshape(-1, 2)
+    x0, y0, x1, y1 = win[:, 0], win[:, 1], win[:, 0] + win[:, 2], win[:, 1] + win[:, 3]
+    outside = (x0 >= wh[:, 0]) | (y0 >= wh[:, 1]) | (x1 <= 0) | (y1 <= 0)
+    past = (x0 < 0) | (y0 < 0) | (x1 > wh[:, 0]) | (y1 > wh[:, 1])
+    for bad, what, how in ((outside, "lies wholly outside", "; check the coordinate columns"),
+                           (past if border == "refuse" else np.zeros_like(past), "reaches past",
+                            "; give --border constant, edge or reflect to pad it, or drop the crop")):
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            n = int(bad.sum()) - 1
+            more = f" ({n} more window{'s do' if n > 1 else ' does'})" if n else ""
+            raise WindowError(f"crop {frame['id'].iat[k]!r}: window x {x0[k]}..{x1[k] - 1}, y {y0[k]}..{y1[k] - 1} {what} "
+                              f"the {wh[k, 0]} x {wh[k, 1]} px image {paths[k]!r}{more}{how}")
+
+
 def cut_window(image: np.ndarray, x0: int, y0: int, w: int, h: int, border: str = "refuse", fill=0) -> np.ndarray:
     """The ``h x w`` window of `image` whose top-left pixel is ``(x0, y0)``.
 
@@ -361,6 +392,7 @@ def cut_crops(
     if root is None:
         root = os.path.dirname(os.path.abspath(source)) if source != "DataFrame" else os.getcwd()
     paths = _image_paths(frame, os.fspath(root), parent_image)
+    _check_borders(frame, paths, win, border)
     names = _file_names(list(frame["id"]))
     out = os.fspath(out_dir)
     _refuse_working_directory(out)
