@@ -845,6 +845,7 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_results_command, _add_report_command,
                 _add_litmus_command, _add_control_command, _add_verify_command,
                 _add_table_command,
+                _add_crops_command,
                 ):
         add(sub)
     return parser
@@ -1113,6 +1114,53 @@ def cmd_table(args) -> int:
     print(f"  wrote {args.out} (columns {', '.join(r['columns'])}; paths relative to its folder) and {side}")
     print(f"  audit it: shortcutlab audit {args.out} --id id --label label --parent parent --image path")
     return 0
+
+
+# --- crops: windows cut from parent images (issue 22) ---------------------------------------
+def cmd_crops(args) -> int:
+    import warnings
+
+    from shortcutlab.ingest.windows import WindowWarning, cut_crops
+
+    if (args.center is None) == (args.box is None):
+        raise ShortcutlabError("give the windows as --center X,Y with --size N, or as --box X,Y,W,H")
+    _check_output_folder(args.out, "--out", replaced=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", WindowWarning)
+        result = cut_crops(args.table, args.parent_image, args.out, center=args.center, size=args.size, box=args.box,
+                           border=args.border, fill=args.fill, id=args.id, label=args.label, parent=args.parent,
+                           group=args.group, root=args.root, compress_level=args.compress_level)
+    for w in caught:
+        if issubclass(w.category, WindowWarning):
+            print(f"warning: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    print(f"cut {result.n_crops} crops from {result.n_images} parent images ({len(result.padded)} padded, border {args.border})")
+    print(f"  wrote {result.table_path} (paths relative to its folder), {result.sidecar_path}, crops in "
+          f"{os.path.join(args.out, 'crops')}")
+    group = " --group group" if args.group else ""
+    print(f"  audit it: shortcutlab audit {result.table_path} --id id --label label --parent parent{group} --box x,y,w,h")
+    return 0
+
+
+def _add_crops_command(sub) -> None:
+    """`shortcutlab crops`: windows cut from parent images around given coordinates."""
+    c = sub.add_parser("crops", help="cut windows from parent images (around centres, or given boxes) and write a crop table")
+    c.add_argument("table", help="CSV file, one row per crop, with its parent image path and coordinates")
+    c.add_argument("--parent-image", required=True, metavar="COL", help="column of parent image paths (relative to the table's folder, or --root)")
+    c.add_argument("--center", metavar="X,Y", help="window centre columns (with --size)")
+    c.add_argument("--size", type=int, metavar="N", help="window side in pixels (with --center)")
+    c.add_argument("--box", metavar="X,Y,W,H", help="window columns: top-left corner and size in parent pixels")
+    c.add_argument("--border", choices=("refuse", "constant", "edge", "reflect"), default="refuse",
+                   help="a window past the image border: refuse it (default), or pad it with this numpy.pad mode")
+    c.add_argument("--fill", type=float, default=0, metavar="V", help="value of --border constant padding (default 0)")
+    c.add_argument("--out", required=True, metavar="DIR", help="output folder: crops/, crops.csv, crops.json (new, or an earlier crops output)")
+    for flag, default in (("--id", "id"), ("--label", "label"), ("--parent", "parent")):
+        c.add_argument(flag, default=default, help=f"table column (default {default})")
+    c.add_argument("--group", help="higher-level unit column (patient), carried into crops.csv")
+    c.add_argument("--root", metavar="DIR", help="folder relative image paths start from (default: the table's folder)")
+    c.add_argument("--compress-level", type=int, default=1, metavar="L", help="zlib level of the crop PNGs, 0 to 9 (default 1)")
+    c.set_defaults(func=cmd_crops)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2799,3 +2799,89 @@ def test_i22_table_cli_refuses_a_json_table_path(tmp_path, capsys) -> None:
     line = cli_error(["table", _folder22(tmp_path), "--pattern", "{label}/{parent}_{*}.png", "--out", str(tmp_path / "t.json")], capsys)
     assert "--out" in line and "t.json" in line and "name the table *.csv" in line
     assert not (tmp_path / "t.json").exists()
+# --- issue 22: P3, shortcutlab crops (windows cut from parent images) ---
+import numpy as _np22w  # noqa: E402
+import pandas as _pd22w  # noqa: E402
+
+from shortcutlab.errors import ShortcutlabError as _ShortcutlabError22w  # noqa: E402
+from shortcutlab.errors import TableError as _TableError22w  # noqa: E402
+from shortcutlab.ingest.windows import WindowError as _WindowError22w  # noqa: E402
+
+
+def _study22w(tmp_path, **change) -> str:
+    """fields/a.png (40 x 30 px) and t.csv: ids c1, c2 with centres (20, 15), (22, 15)."""
+    from PIL import Image
+
+    (tmp_path / "fields").mkdir(exist_ok=True)
+    Image.fromarray(_np22w.zeros((30, 40, 3), dtype=_np22w.uint8)).save(tmp_path / "fields" / "a.png")
+    cols = {"id": ["c1", "c2"], "label": ["a", "b"], "parent": ["A", "A"], "image": ["fields/a.png"] * 2,
+            "cx": ["20", "22"], "cy": ["15", "15"], **change}
+    _pd22w.DataFrame({k: v for k, v in cols.items() if v is not None}).to_csv(tmp_path / "t.csv", index=False)
+    return str(tmp_path / "t.csv")
+
+
+def _cut22w(size=10, border="refuse", box=None, **change):
+    def call(tmp_path):
+        from shortcutlab.ingest.windows import cut_crops
+
+        table = _study22w(tmp_path, **change)
+        geometry = {"box": box} if box else {"center": "cx,cy", "size": size}
+        return cut_crops(table, "image", str(tmp_path / "out"), border=border, **geometry)
+
+    return call
+
+
+def _cut22w_columns(tmp_path):
+    from shortcutlab.ingest.windows import cut_crops
+
+    return cut_crops(_study22w(tmp_path), "field_path", str(tmp_path / "out"), center="cx,cy", size=10)
+
+
+def _not_an_image22w(tmp_path):
+    from shortcutlab.ingest.windows import cut_crops
+
+    table = _study22w(tmp_path)
+    (tmp_path / "fields" / "a.png").write_text("not a png")
+    return cut_crops(table, "image", str(tmp_path / "out"), center="cx,cy", size=10)
+
+
+I22_WINDOWS_CASES = [
+    Case("i22-crops-missing-centre-column", _cut22w(cy=None), _TableError22w,
+         ("center column 'cy' is missing", "t.csv", "columns are:")),
+    Case("i22-crops-missing-parent-image-column", _cut22w_columns, _TableError22w,
+         ("parent image column 'field_path' is missing", "t.csv", "columns are: id, label, parent, image")),
+    Case("i22-crops-non-numeric-coordinate", _cut22w(cx=["20", "twelve"]), _TableError22w,
+         ("t.csv", "center column 'cx'", "finite numbers", "row 1", "'twelve'")),
+    Case("i22-crops-missing-image-file", _cut22w(image=["fields/a.png", "fields/b.png"]), _WindowError22w,
+         ("parent image", "fields/b.png", "does not exist", "column 'image'", "crop 'c2'")),
+    Case("i22-crops-image-not-decodable", _not_an_image22w, _WindowError22w,
+         ("parent image", "a.png", "cannot be read as an image")),
+    Case("i22-crops-size-zero", _cut22w(size=0), _ShortcutlabError22w, ("window size", "whole number of pixels > 0", "got 0")),
+    Case("i22-crops-size-fraction", _cut22w(size=2.5), _ShortcutlabError22w, ("window size", "whole number", "got 2.5")),
+    Case("i22-crops-unknown-border", _cut22w(border="wrap"), _ShortcutlabError22w, ("border must be one of", "reflect", "'wrap'")),
+    Case("i22-crops-box-under-a-pixel", _cut22w(box="cx,cy,w,h", w=["5", "0.2"], h=["5", "5"]), _TableError22w,
+         ("t.csv", "crop 'c2'", "box of 0.2 x 5 px", "at least 1 pixel")),
+    Case("i22-crops-window-past-border", _cut22w(size=36), _WindowError22w,
+         ("crop 'c1'", "a.png", "reaches past the 40 x 30 px image", "--border")),
+]
+
+
+@pytest.mark.parametrize("case", I22_WINDOWS_CASES, ids=[c.id for c in I22_WINDOWS_CASES])
+def test_i22_crops_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--center", "cx,cy", "--size", "0"], ("crops: error:", "window size", "got 0")),
+    (["--center", "cx,cy"], ("needs a window size (--size N)",)),
+    (["--size", "10"], ("--center X,Y with --size N, or as --box X,Y,W,H",)),
+    (["--center", "cx,cy", "--size", "36"], ("crop 'c1'", "reaches past", "--border")),
+    (["--center", "cx,cy", "--size", "10", "--parent", "field"], ("parent column 'field' is missing", "t.csv")),
+], ids=["size-zero", "centre-without-size", "no-geometry", "border-refused", "missing-parent-column"])
+def test_i22_crops_cli_bad_input(argv, names, tmp_path, capsys) -> None:
+    table = _study22w(tmp_path)
+    line = cli_error(["crops", table, "--parent-image", "image", "--out", str(tmp_path / "out"), *argv], capsys)
+    for name in names:
+        assert name in line, line
+    assert not (tmp_path / "out").exists()
