@@ -333,16 +333,20 @@ def _save_png(path: str, array: np.ndarray) -> None:
     Image.fromarray(array).save(path, format="PNG", compress_level=6)
 
 
-def _estimate_rows(frame: pd.DataFrame, paths: list[str], id: str, folder: str, method: str, channel: str,
+def _estimate_rows(frame: pd.DataFrame, paths: list[str], image: str, id: str, folder: str, method: str, channel: str,
                    smooth: float, n_sheet: int) -> tuple[pd.DataFrame, list[tuple]]:
     """Estimate and write (into `folder`/masks) the mask of every row; return the quality
     table and the first `n_sheet` (image, mask, id) for the contact sheet."""
     from shortcutlab.data.images import read_crop
+    from shortcutlab.errors import TableError
 
     os.makedirs(os.path.join(folder, "masks"))
     rows, shown = [], []
-    for path, crop_id in zip(paths, frame[id]):
-        img = read_crop(path, crop_id)
+    for r, (path, crop_id) in enumerate(zip(paths, frame[id])):
+        try:
+            img = read_crop(path, crop_id)
+        except TableError as e:
+            raise MaskError(f"row {r}, column {image!r}: {e}") from None
         mask, q = estimate_mask(img, method, channel, smooth=smooth)
         _save_png(os.path.join(folder, "masks", f"{crop_id}.png"), mask.astype(np.uint8) * np.uint8(255))
         rows.append(q)
@@ -400,7 +404,7 @@ def write_masks(table: str, out: str, *, image: str = "path", id: str = "id", co
 
     Raises:
         MaskError: see `read_mask_table`; an unknown method or channel; a crop image that is
-            missing. TableError: a crop image that cannot be decoded (naming file and id).
+            missing or cannot be decoded (naming the row, column, file and id).
         OutputError: `out` cannot be written or holds files shortcutlab did not write.
 
     Example:
@@ -411,13 +415,13 @@ def write_masks(table: str, out: str, *, image: str = "path", id: str = "id", co
     _check_choice(method, METHODS, "threshold method")
     _check_choice(channel, CHANNELS, "channel")
     if not (isinstance(smooth, (int, float)) and math.isfinite(smooth) and smooth >= 0):
-        raise MaskError(f"smooth must be a finite number of pixels >= 0; got {smooth!r}")
+        raise MaskError(f"smooth (--smooth) must be a finite number of pixels >= 0; got {smooth!r}")
     if n_sheet < 0:
-        raise MaskError(f"the contact sheet takes a number of crops >= 0; got {n_sheet}")
+        raise MaskError(f"the contact sheet (--sheet) takes a number of crops >= 0; got {n_sheet}")
     frame = read_mask_table(table, image, id, column)
     paths = _image_paths(frame, image, id, table)
     with atomic_dir(out, "masks", MASKS_FILES) as tmp:
-        quality, shown = _estimate_rows(frame, paths, id, tmp, method, channel, smooth, n_sheet)
+        quality, shown = _estimate_rows(frame, paths, image, id, tmp, method, channel, smooth, n_sheet)
         written = rebase_paths(frame, table, out, image)
         written[column] = [f"masks/{i}.png" for i in frame[id]]
         for col in QUALITY_COLUMNS:
