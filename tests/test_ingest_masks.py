@@ -67,11 +67,12 @@ def _benchmark_ious(mechanisms: tuple[str, ...], seed: int, n: int = 200) -> np.
 
 @pytest.mark.parametrize("mechanisms", [("none",), ("background",)], ids=["no-background", "background"])
 def test_median_iou_on_the_benchmark(mechanisms) -> None:
-    # Over seeds 0 .. 5 the medians were 0.959 .. 0.974 without and 0.905 .. 0.927 with the
-    # background mechanism: the bound of 0.85 holds with a margin of 0.05.
+    # Over seeds 0 .. 5 the medians were 0.967 .. 0.974 without and 0.919 .. 0.932 with the
+    # background mechanism (lower quartiles >= 0.938 and >= 0.813): the bound of 0.85
+    # holds with a margin of 0.07.
     ious = _benchmark_ious(mechanisms, seed=0)
     assert np.median(ious) >= 0.85, np.median(ious)
-    assert np.quantile(ious, 0.25) >= 0.5  # most masks are the cell, not the nucleus or a neighbour
+    assert np.quantile(ious, 0.25) >= 0.7  # most masks are the cell, not the nucleus or the cell with a neighbour
 
 
 @pytest.mark.slow
@@ -134,6 +135,24 @@ def test_of_two_blobs_the_one_at_the_centre() -> None:
     close_to(mask, centre)
     assert not (mask & other).any()
     assert q["n_components"] == 2
+
+
+def test_a_touching_neighbour_is_cut_off() -> None:
+    centre, other = disc(64, 31.5, 31.5, 12), disc(64, 31.5, 51.5, 10)  # 20 px apart: they overlap by 2 px
+    assert (centre & other).any()
+    mask, q = estimate_mask(u8(paint(canvas(), centre | other)))
+    assert q["n_components"] == 1  # one blob to the threshold ...
+    assert iou(mask, centre) > 0.85  # ... cut at its neck
+    assert not (mask & ndimage.binary_erosion(other, disk(3))).any()
+
+
+def test_an_elongated_cell_is_kept_whole() -> None:
+    from skimage.draw import ellipse
+
+    truth = np.zeros((64, 64), bool)
+    truth[ellipse(31.5, 31.5, 10, 20, shape=(64, 64), rotation=0.5)] = True
+    mask, _ = estimate_mask(u8(paint(canvas(), truth)))
+    close_to(mask, truth)
 
 
 def test_no_blob_at_the_centre_gives_the_nearest() -> None:

@@ -16,7 +16,9 @@ diagnostics need one per crop. `estimate_mask` makes one from the pixels of a si
 4. morphological clean-up: an opening with a disc of ``crop side / 64`` px (at least 1) and
    small objects removed (under 0.2% of the crop);
 5. the connected component at the centre of the crop, or the one nearest to it, its holes
-   filled.
+   filled;
+6. cells touching it cut off: a watershed of the distance to the background, from maxima at
+   least `SPLIT_DEPTH` px deep, keeps the region at or nearest the centre.
 
 Each mask comes with quality fields (`QUALITY_COLUMNS`): the foreground share, whether it
 touches the crop's border, how many components the clean-up left, and a degenerate flag
@@ -62,7 +64,12 @@ COLOUR_WEIGHT = 2.0
 """In the ``od`` channel the colour of the OD (its part off the grey axis) counts 1 + this
 much: stains are coloured, while an uneven background (glass, mounting medium, lamp) changes
 the OD of every channel nearly alike. On the synthetic benchmark with the ``background``
-mechanism this raises the median IoU from about 0.88 to 0.91 (0.97 without it either way)."""
+mechanism this raised the median IoU from about 0.88 to 0.91 (0.97 without it either way),
+before `SPLIT_DEPTH` was added."""
+SPLIT_DEPTH = 2.0
+"""Touching cells are cut apart where the distance to the background has maxima at least this
+many pixels (at 64 px crops) deep: on the benchmark this lifts the lower quartile of the IoU
+with the background mechanism from about 0.66 to 0.81."""
 BLANK_LEVELS = 8.0
 """A crop whose smoothed pixels span fewer 8-bit levels than this in every channel (from the
 0.5th to the 99.5th percentile, so that a few noisy pixels do not count) is blank:
@@ -159,11 +166,32 @@ def _central_component(fg: np.ndarray) -> tuple[np.ndarray, int]:
     labels, n = measure.label(fg, connectivity=2, return_num=True)
     if n == 0:
         return np.zeros(fg.shape, dtype=bool), 0
-    h, w = fg.shape
-    cy, cx = (h - 1) / 2.0, (w - 1) / 2.0
+    return ndimage.binary_fill_holes(labels == _central_label(labels)), n
+
+
+def _central_label(labels: np.ndarray) -> int:
+    """The label (> 0) at the centre of `labels`, or of its labelled pixel nearest the centre."""
+    h, w = labels.shape
     ys, xs = np.nonzero(labels)
-    nearest = np.argmin((ys - cy) ** 2 + (xs - cx) ** 2)
-    return ndimage.binary_fill_holes(labels == labels[ys[nearest], xs[nearest]]), n
+    nearest = np.argmin((ys - (h - 1) / 2.0) ** 2 + (xs - (w - 1) / 2.0) ** 2)
+    return int(labels[ys[nearest], xs[nearest]])
+
+
+def _split_touching(mask: np.ndarray) -> np.ndarray:
+    """The cell at the centre of `mask` cut from cells touching it: a watershed of the distance
+    to the background from its maxima at least `SPLIT_DEPTH` (times side / 64) px deep; a
+    single convex cell has one such maximum and is kept whole."""
+    from scipy import ndimage
+    from skimage import measure, morphology, segmentation
+
+    if not mask.any():
+        return mask
+    dist = ndimage.distance_transform_edt(mask)
+    markers = measure.label(morphology.h_maxima(dist, SPLIT_DEPTH * max(1.0, min(mask.shape) / 64)))
+    if markers.max() < 2:
+        return mask
+    regions = segmentation.watershed(-dist, markers, mask=mask)
+    return ndimage.binary_fill_holes(regions == _central_label(regions))
 
 
 def mask_quality(mask: np.ndarray, n_components: int) -> dict:
@@ -201,6 +229,7 @@ def estimate_mask(image: np.ndarray, method: str = "multiotsu", channel: str = "
     else:
         t = _threshold(values, method)
         mask, n = _central_component(_clean(values > t))
+        mask = _split_touching(mask)
     return mask, {**mask_quality(mask, n), "threshold": t}
 
 
@@ -369,7 +398,8 @@ def _summary(quality: pd.DataFrame, ids: pd.Series, *, table: str, image: str, i
         "smooth_px": smooth,
         "full_share": FULL_SHARE,
         "steps": "stain channel, Gaussian smoothing, threshold (cell: the side with more stain), opening with a disc of "
-                 "side/64 px, objects under 0.2% of the crop removed, component at or nearest the centre, holes filled",
+                 "side/64 px, objects under 0.2% of the crop removed, component at or nearest the centre, holes filled, "
+                 "touching cells cut off by a distance watershed",
         "counts": {
             "crops": int(len(quality)),
             "empty": int((flag == "empty").sum()),
