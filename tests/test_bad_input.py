@@ -2698,6 +2698,8 @@ def test_i21_diagnostic_supplies_bad_input(case: Case, tmp_path) -> None:
 
 
 # --- issue 22: masks (shortcutlab masks, shortcutlab.ingest.masks) ---
+import os as _os22  # noqa: E402
+
 import numpy as _np22  # noqa: E402
 
 from shortcutlab.ingest.masks import MaskError as _MaskError22, estimate_mask as _estimate_mask22  # noqa: E402
@@ -2742,6 +2744,7 @@ I22_MASK_CLI_CASES = [
     ("unsafe-id", "id,file\na,crops/a.png\n../b,crops/b.png\n", [],
      ("row 1", "column 'id'", "'../b'", "cannot be a file name", "letters, digits")),
     ("duplicate-ids", "id,file\na,crops/a.png\na,crops/b.png\n", [], ("column 'id'", "must be unique", "rows 0, 1")),
+    ("ids-differ-in-case", "id,file\na,crops/a.png\nA,crops/b.png\n", [], ("column 'id'", "ignoring case", "rows 0, 1", "'A'")),
     ("mask-column-there", "id,file,mask\na,crops/a.png,m.png\n", [], ("already has a column 'mask'", "--column")),
     ("quality-column-there", "id,file,degenerate\na,crops/a.png,\n", [], ("already has a column 'degenerate'",)),
     ("no-image-path", "id,file\na,crops/a.png\nb,\n", [], ("column 'file'", "no image path", "row 1", "'b'")),
@@ -2778,3 +2781,12 @@ def test_i22_cli_masks_leaves_a_foreign_folder_alone(tmp_path, capsys) -> None:
     line = cli_error(["masks", table, "--image", "file", "--out", str(tmp_path / "out")], capsys)
     assert "masks.json" in line and "did not write" in line
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["masks.json", "notes.txt"]
+
+
+def test_i22_cli_masks_refuses_the_working_directory_as_out(tmp_path, capsys, monkeypatch) -> None:
+    table = _masks_table22(tmp_path)
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path / "out")
+    line = cli_error(["masks", table, "--image", "file", "--out", "."], capsys)
+    assert "holds the working directory" in line and "choose a subfolder" in line
+    assert _os22.listdir(tmp_path / "out") == []

@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from PIL import Image
 from scipy import ndimage
 from skimage.draw import disk as draw_disk
@@ -193,6 +194,8 @@ def test_estimate_masks_is_estimate_mask_per_crop() -> None:
         m1, q1 = estimate_mask(img)
         assert np.array_equal(m, m1) and row["foreground_share"] == q1["foreground_share"]
     assert quality["degenerate"].tolist() == ["", "", "", "empty"]
+    batch, _ = estimate_masks(torch.from_numpy(np.stack(images).transpose(0, 3, 1, 2)))  # as load_crops holds them
+    assert all(np.array_equal(a, b) for a, b in zip(batch, masks))
 
 
 # ---------------------------------------------------------------------- the command

@@ -263,18 +263,24 @@ def read_mask_table(path: str, image: str = "path", id: str = "id", column: str 
         r = int(np.flatnonzero(bad.to_numpy())[0])
         raise MaskError(f"crop table {path!r}: row {r}, column {id!r}: id {ids.iat[r]!r} cannot be a file name; "
                         "expected letters, digits, '.', '_' or '-', not starting with '.'")
-    dup = ids.duplicated(keep=False).to_numpy()
+    dup = ids.str.lower().duplicated(keep=False).to_numpy()
     if dup.any():
-        raise MaskError(f"crop table {path!r}, column {id!r}: ids must be unique; {first_rows(dup, ids.tolist())} repeat")
+        raise MaskError(f"crop table {path!r}, column {id!r}: ids must be unique, also ignoring case (they name the mask "
+                        f"files); {first_rows(dup, ids.tolist())} repeat")
     empty = (frame[image].str.strip() == "").to_numpy()
     if empty.any():
         raise MaskError(f"crop table {path!r}, column {image!r}: no image path in {first_rows(empty, ids.tolist())}")
     return frame
 
 
-def estimate_masks(images: Sequence[np.ndarray], method: str = "multiotsu", channel: str = "od",
+def estimate_masks(images, method: str = "multiotsu", channel: str = "od",
                    smooth: float = 1.0) -> tuple[list[np.ndarray], pd.DataFrame]:
-    """`estimate_mask` over several crops (of any sizes).
+    """`estimate_mask` over several crops.
+
+    Args:
+        images: (H, W, 3) uint8 crops of any sizes, or one (N, 3, H, W) uint8 array or tensor
+            (`load_crops(table).images`).
+        method, channel, smooth: as `estimate_mask`.
 
     Returns:
         The (H, W) bool masks and a DataFrame of their quality fields (`QUALITY_COLUMNS` and
@@ -282,6 +288,8 @@ def estimate_masks(images: Sequence[np.ndarray], method: str = "multiotsu", chan
     """
     _check_choice(method, METHODS, "threshold method")
     _check_choice(channel, CHANNELS, "channel")
+    if hasattr(images, "ndim") and images.ndim == 4:
+        images = np.asarray(images).transpose(0, 2, 3, 1)
     masks, rows = [], []
     for img in images:
         m, q = estimate_mask(img, method, channel, smooth=smooth)
@@ -448,6 +456,9 @@ def write_masks(table: str, out: str, *, image: str = "path", id: str = "id", co
         raise MaskError(f"smooth (--smooth) must be a finite number of pixels >= 0; got {smooth!r}")
     if n_sheet < 0:
         raise MaskError(f"the contact sheet (--sheet) takes a number of crops >= 0; got {n_sheet}")
+    target, here = os.path.realpath(out), os.path.realpath(os.getcwd())
+    if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
+        raise MaskError(f"output folder {out!r} holds the working directory, and the folder is replaced whole; choose a subfolder")
     frame = read_mask_table(table, image, id, column)
     paths = _image_paths(frame, image, id, table)
     with atomic_dir(out, "masks", MASKS_FILES) as tmp:
