@@ -2739,6 +2739,7 @@ def _masks_table22(folder, text: str | None = None) -> str:
 I22_MASK_CLI_CASES = [
     ("missing-table", None, ["--table", "nothere.csv"], ("crop table", "nothere.csv", "does not exist")),
     ("empty-table", "", [], ("crop table", "is empty", "header row")),
+    ("header-only", "id,file\n", [], ("crop table", "no rows", "id, file", "one row per crop")),
     ("no-image-column", None, ["--image", "path"], ("has no column 'path' (--image)", "columns are: id, file")),
     ("no-id-column", None, ["--id", "crop"], ("has no column 'crop' (--id)", "columns are: id, file")),
     ("unsafe-id", "id,file\na,crops/a.png\n../b,crops/b.png\n", [],

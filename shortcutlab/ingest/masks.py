@@ -250,6 +250,8 @@ def read_mask_table(path: str, image: str = "path", id: str = "id", column: str 
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise MaskError(f"crop table {path!r} is not a readable UTF-8 CSV ({' '.join(str(e).split())})") from None
     cols = ", ".join(map(str, frame.columns))
+    if frame.empty:
+        raise MaskError(f"crop table {path!r} has a header ({cols}) but no rows; expected one row per crop")
     for flag, col in (("--image", image), ("--id", id)):
         if col not in frame.columns:
             raise MaskError(f"crop table {path!r} has no column {col!r} ({flag}); columns are: {cols}")
