@@ -846,6 +846,7 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_litmus_command, _add_control_command, _add_verify_command,
                 _add_table_command,
                 _add_crops_command,
+                _add_masks_command,
                 ):
         add(sub)
     return parser
@@ -1056,6 +1057,51 @@ def _add_verify_command(sub) -> None:
     v.add_argument("manifest")
     v.add_argument("--hash", help="expected SHA-256 (default: the one in the manifest's JSON sidecar)")
     v.set_defaults(func=cmd_verify)
+
+
+# --- issue 22: masks -----------------------------------------------------------------------
+def cmd_masks(args) -> int:
+    import warnings
+
+    from shortcutlab.ingest.masks import MASKS_FILES, MaskWarning, write_masks
+    from shortcutlab.io import claim_output_dir
+
+    _check_output_folder(args.out, "--out", replaced=True)
+    claim_output_dir(args.out, "masks", MASKS_FILES)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MaskWarning)
+        summary = write_masks(args.table, args.out, image=args.image, id=args.id, column=args.column,
+                              method=args.method, channel=args.channel, smooth=args.smooth, n_sheet=args.sheet)
+    for w in caught:
+        if issubclass(w.category, MaskWarning):
+            print(f"warning: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    c = summary["counts"]
+    print(f"{c['crops']} masks ({summary['method']} threshold on the {summary['channel']} channel): {c['empty']} empty, "
+          f"{c['full']} full, {c['touches_border']} touch the border, {c['several_components']} with several components; "
+          f"median foreground share {summary['median_foreground_share'] or 0:.3f}")
+    print(f"wrote {os.path.join(args.out, 'masks.csv')} (column {args.column!r}), masks/, masks.json, contact_sheet.png")
+    return 0
+
+
+def _add_masks_command(sub) -> None:
+    """`shortcutlab masks`: one estimated cell mask per crop."""
+    from shortcutlab.ingest.masks import CHANNELS, METHODS
+
+    m = sub.add_parser("masks", help="estimate one cell mask per crop (scikit-image), with quality fields and a contact sheet")
+    m.add_argument("table", help="CSV file, one row per crop (image paths relative to its folder)")
+    m.add_argument("--out", required=True, metavar="DIR", help="folder for masks/, masks.csv, masks.json, contact_sheet.png")
+    m.add_argument("--image", default="path", help="crop image path column (default path)")
+    m.add_argument("--id", default="id", help="crop id column; ids name the mask files (default id)")
+    m.add_argument("--column", default="mask", help="name of the mask column added to masks.csv (default mask)")
+    m.add_argument("--method", choices=METHODS, default="multiotsu",
+                   help="threshold: multiotsu (lower of three-class Otsu: background | cytoplasm | nucleus; default), otsu, li")
+    m.add_argument("--channel", choices=CHANNELS, default="od",
+                   help="stain channel: od (optical density above the background's; default), hematoxylin (rgb2hed), gray")
+    m.add_argument("--smooth", type=float, default=1.0, metavar="PX", help="Gaussian smoothing of the channel, in pixels (default 1)")
+    m.add_argument("--sheet", type=int, default=24, metavar="N", help="crops on the contact sheet (default 24)")
+    m.set_defaults(func=cmd_masks)
 
 
 def _add_retrain_options(p: argparse.ArgumentParser, outputs: str, mask_help: str = "manifest column (default mask)") -> None:

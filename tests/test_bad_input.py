@@ -2885,3 +2885,97 @@ def test_i22_crops_cli_bad_input(argv, names, tmp_path, capsys) -> None:
     for name in names:
         assert name in line, line
     assert not (tmp_path / "out").exists()
+# --- issue 22: masks (shortcutlab masks, shortcutlab.ingest.masks) ---
+import os as _os22  # noqa: E402
+
+import numpy as _np22  # noqa: E402
+
+from shortcutlab.ingest.masks import MaskError as _MaskError22, estimate_mask as _estimate_mask22  # noqa: E402
+
+_IMG22 = _np22.full((16, 16, 3), 200, _np22.uint8)
+
+I22_MASK_API_CASES = [
+    Case("i22-masks-grey-image", lambda p: _estimate_mask22(_IMG22[..., 0]), _MaskError22,
+         ("(H, W, 3) RGB image", "got shape (16, 16)")),
+    Case("i22-masks-float-image", lambda p: _estimate_mask22(_IMG22 / 255.0), _MaskError22, ("uint8", "got dtype float64")),
+    Case("i22-masks-unknown-method", lambda p: _estimate_mask22(_IMG22, method="otsu2"), _MaskError22,
+         ("unknown threshold method 'otsu2'", "multiotsu, otsu, li")),
+    Case("i22-masks-unknown-channel", lambda p: _estimate_mask22(_IMG22, channel="eosin"), _MaskError22,
+         ("unknown channel 'eosin'", "od, hematoxylin, gray")),
+]
+
+
+@pytest.mark.parametrize("case", I22_MASK_API_CASES, ids=[c.id for c in I22_MASK_API_CASES])
+def test_i22_estimate_mask_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def _masks_table22(folder, text: str | None = None) -> str:
+    """crops/a.png, crops/b.png (a dark disc each) and table.csv (`text`, or a good table)."""
+    from PIL import Image
+
+    (folder / "crops").mkdir()
+    yy, xx = _np22.mgrid[:24, :24]
+    img = _np22.full((24, 24, 3), 220, _np22.uint8)
+    img[(yy - 12) ** 2 + (xx - 12) ** 2 < 36] = (90, 70, 140)
+    for name in ("a", "b"):
+        Image.fromarray(img).save(folder / "crops" / f"{name}.png")
+    (folder / "table.csv").write_text(text if text is not None else "id,file\na,crops/a.png\nb,crops/b.png\n")
+    return str(folder / "table.csv")
+
+
+I22_MASK_CLI_CASES = [
+    ("missing-table", None, ["--table", "nothere.csv"], ("crop table", "nothere.csv", "does not exist")),
+    ("empty-table", "", [], ("crop table", "is empty", "header row")),
+    ("header-only", "id,file\n", [], ("crop table", "no rows", "id, file", "one row per crop")),
+    ("no-image-column", None, ["--image", "path"], ("has no column 'path' (--image)", "columns are: id, file")),
+    ("no-id-column", None, ["--id", "crop"], ("has no column 'crop' (--id)", "columns are: id, file")),
+    ("unsafe-id", "id,file\na,crops/a.png\n../b,crops/b.png\n", [],
+     ("row 1", "column 'id'", "'../b'", "cannot be a file name", "letters, digits")),
+    ("duplicate-ids", "id,file\na,crops/a.png\na,crops/b.png\n", [], ("column 'id'", "must be unique", "rows 0, 1")),
+    ("ids-differ-in-case", "id,file\na,crops/a.png\nA,crops/b.png\n", [], ("column 'id'", "ignoring case", "rows 0, 1", "'A'")),
+    ("mask-column-there", "id,file,mask\na,crops/a.png,m.png\n", [], ("already has a column 'mask'", "--column")),
+    ("quality-column-there", "id,file,degenerate\na,crops/a.png,\n", [], ("already has a column 'degenerate'",)),
+    ("no-image-path", "id,file\na,crops/a.png\nb,\n", [], ("column 'file'", "no image path", "row 1", "'b'")),
+    ("image-missing", "id,file\na,crops/a.png\nb,crops/c.png\n", [],
+     ("row 1", "column 'file'", "(id 'b')", "c.png", "does not exist")),
+    ("image-not-an-image", "id,file\na,crops/a.png\nb,table.csv\n", [],
+     ("row 1", "column 'file'", "table.csv", "id 'b'", "cannot be read as an image")),
+    ("negative-sheet", None, ["--sheet", "-1"], ("contact sheet (--sheet)", "got -1")),
+    ("nan-smooth", None, ["--smooth", "nan"], ("--smooth", "finite", "got nan")),
+    ("out-is-a-file", None, ["--out", "{tmp}/crops/a.png"], ("--out", "a.png", "is a file")),
+]
+
+
+@pytest.mark.parametrize("name,text,extra,names", I22_MASK_CLI_CASES, ids=[c[0] for c in I22_MASK_CLI_CASES])
+def test_i22_cli_masks_bad_input_names_the_culprit(name, text, extra, names, tmp_path, capsys) -> None:
+    table = _masks_table22(tmp_path, text)
+    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    if "--table" in extra:
+        table = str(tmp_path / extra.pop(extra.index("--table") + 1))
+        extra.remove("--table")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    line = cli_error(["masks", table, "--image", "file", "--out", str(tmp_path / "out"), *extra], capsys)
+    assert line.startswith("shortcutlab masks: error: ")
+    for n in names:
+        assert n.lower() in line.lower(), f"{line!r} does not name {n!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output folder, no temporary left
+
+
+def test_i22_cli_masks_leaves_a_foreign_folder_alone(tmp_path, capsys) -> None:
+    table = _masks_table22(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    (tmp_path / "out" / "masks.json").write_text("{}")
+    line = cli_error(["masks", table, "--image", "file", "--out", str(tmp_path / "out")], capsys)
+    assert "masks.json" in line and "did not write" in line
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["masks.json", "notes.txt"]
+
+
+def test_i22_cli_masks_refuses_the_working_directory_as_out(tmp_path, capsys, monkeypatch) -> None:
+    table = _masks_table22(tmp_path)
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path / "out")
+    line = cli_error(["masks", table, "--image", "file", "--out", "."], capsys)
+    assert "holds the working directory" in line and "choose a subfolder" in line
+    assert _os22.listdir(tmp_path / "out") == []
