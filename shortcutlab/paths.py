@@ -99,3 +99,26 @@ def need_folder(path: str | os.PathLike, what: str, error: type[ShortcutlabError
     if why:
         raise error(f"{what} {os.fspath(path)!r} {why}{hint}")
     return os.fspath(path)
+
+
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def file_names(ids, suffix: str = ".png") -> list[str]:
+    """One file name per id, safe in any folder and distinct also on case-insensitive disks:
+    the id with characters other than letters, digits, '.', '_' and '-' replaced by '_', and
+    the row number added where that changed the id or where two names would clash, ignoring
+    case ('a/1' and 'a_1', or 'A' and 'a'). Crops and masks are written under these names.
+
+    Example:
+        >>> file_names(["a", "b/1", "b_1", "B"])
+        ['a.png', 'b_1-1.png', 'b_1-2.png', 'B.png']
+    """
+    ids = [str(i) for i in ids]
+    safe = [_NOT_IN_A_NAME.sub("_", i) for i in ids]
+    folded = [s.lower() for s in safe]
+    counts: dict[str, int] = {}
+    for s in folded:
+        counts[s] = counts.get(s, 0) + 1
+    return [f"{s}{suffix}" if s == i and counts[f] == 1 and s not in (".", "..") else f"{s}-{k}{suffix}"
+            for k, (s, f, i) in enumerate(zip(safe, folded, ids))]

@@ -286,3 +286,29 @@ def test_cli_on_a_benchmark_manifest_keeps_the_true_masks_apart(tmp_path, capsys
                                                      image="path", mask=col)).masks.numpy()[:, 0]
     est, true = load("estimated"), load("mask")
     assert np.median([iou(e, t) for e, t in zip(est, true)]) >= 0.8  # few crops: a looser bound than the 200-crop test
+
+
+def test_ids_that_are_paths_or_differ_in_case_get_distinct_mask_files(tmp_path) -> None:
+    # `shortcutlab table` makes ids from relative paths ("im_A/CROPPED/f1_01"); two ids may
+    # differ only in case. Each crop gets its own mask file, and masks.csv points at it.
+    from PIL import Image
+
+    from shortcutlab.data.images import load_crops
+    from shortcutlab.data.table import CropTable
+    from shortcutlab.ingest.masks import write_masks
+
+    ids = ["im_A/CROPPED/f1_01", "cell", "CELL"]
+    radii = [10, 14, 18]
+    rows = []
+    for k, (i, r) in enumerate(zip(ids, radii)):
+        Image.fromarray(u8(paint(canvas(seed=k), disc(64, 32, 32, r)))).save(tmp_path / f"c{k}.png")
+        rows.append({"id": i, "path": f"c{k}.png", "label": "a", "parent": "p"})
+    pd.DataFrame(rows).to_csv(tmp_path / "t.csv", index=False)
+    write_masks(str(tmp_path / "t.csv"), str(tmp_path / "out"))
+    table = pd.read_csv(tmp_path / "out" / "masks.csv", dtype=str)
+    files = list(table["mask"])
+    assert len({f.lower() for f in files}) == 3 and all("/" not in f[len("masks/"):] for f in files)
+    crops = load_crops(CropTable.from_csv(str(tmp_path / "out" / "masks.csv"), image="path", mask="mask"))
+    for k, r in enumerate(radii):  # each crop's own disc came back, by its area (pi r^2, within 15%)
+        area = float(crops.masks[k].float().sum())
+        assert abs(area - np.pi * r * r) < 0.15 * np.pi * r * r, (ids[k], area)

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import warnings
 from typing import Sequence
 
@@ -48,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from shortcutlab.errors import ShortcutlabError, first_rows
-from shortcutlab.paths import need_file
+from shortcutlab.paths import file_names, need_file
 
 METHODS: tuple[str, ...] = ("multiotsu", "otsu", "li")
 """Threshold methods: ``multiotsu`` (lower of the three-class Otsu thresholds: background |
@@ -78,7 +77,6 @@ by 15 levels or more."""
 #: what `write_masks` writes in its output folder (``name/``: a folder it owns whole)
 MASKS_FILES = ("masks/", "masks.csv", "masks.json", "contact_sheet.png")
 #: crop ids become file names: letters, digits, ``.``, ``_``, ``-``; not starting with ``.``
-SAFE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 class MaskError(ShortcutlabError):
@@ -239,7 +237,7 @@ def read_mask_table(path: str, image: str = "path", id: str = "id", column: str 
 
     Raises:
         MaskError: a missing or unreadable file; a missing image or id column; an empty,
-            duplicate or unsafe id (it becomes a file name); a column the output would add
+            duplicate id; a column the output would add
             (`column`, `QUALITY_COLUMNS`) already there.
     """
     need_file(path, "crop table", MaskError)
@@ -260,15 +258,9 @@ def read_mask_table(path: str, image: str = "path", id: str = "id", column: str 
             hint = " (--column NAME names the mask column)" if col == column else ""
             raise MaskError(f"crop table {path!r} already has a column {col!r}, which masks.csv adds{hint}; rename it")
     ids = frame[id]
-    bad = ~ids.map(lambda v: bool(SAFE_ID.fullmatch(v)))
-    if bad.any():
-        r = int(np.flatnonzero(bad.to_numpy())[0])
-        raise MaskError(f"crop table {path!r}: row {r}, column {id!r}: id {ids.iat[r]!r} cannot be a file name; "
-                        "expected letters, digits, '.', '_' or '-', not starting with '.'")
-    dup = ids.str.lower().duplicated(keep=False).to_numpy()
+    dup = ids.duplicated(keep=False).to_numpy()
     if dup.any():
-        raise MaskError(f"crop table {path!r}, column {id!r}: ids must be unique, also ignoring case (they name the mask "
-                        f"files); {first_rows(dup, ids.tolist())} repeat")
+        raise MaskError(f"crop table {path!r}, column {id!r}: ids must be unique; {first_rows(dup, ids.tolist())} repeat")
     empty = (frame[image].str.strip() == "").to_numpy()
     if empty.any():
         raise MaskError(f"crop table {path!r}, column {image!r}: no image path in {first_rows(empty, ids.tolist())}")
@@ -381,13 +373,13 @@ def _estimate_rows(frame: pd.DataFrame, paths: list[str], image: str, id: str, f
 
     os.makedirs(os.path.join(folder, "masks"))
     rows, shown = [], []
-    for r, (path, crop_id) in enumerate(zip(paths, frame[id])):
+    for r, (path, crop_id, name) in enumerate(zip(paths, frame[id], file_names(frame[id]))):
         try:
             img = read_crop(path, crop_id)
         except TableError as e:
             raise MaskError(f"row {r}, column {image!r}: {e}") from None
         mask, q = estimate_mask(img, method, channel, smooth=smooth)
-        _save_png(os.path.join(folder, "masks", f"{crop_id}.png"), mask.astype(np.uint8) * np.uint8(255))
+        _save_png(os.path.join(folder, "masks", name), mask.astype(np.uint8) * np.uint8(255))
         rows.append(q)
         if len(shown) < n_sheet:
             shown.append((img, mask, crop_id))
@@ -429,8 +421,8 @@ def write_masks(table: str, out: str, *, image: str = "path", id: str = "id", co
     """Estimate one mask per crop of a table and write them with the table, a summary and a
     contact sheet.
 
-    Layout of `out`: ``masks/<id>.png`` (8-bit, 0 or 255), ``masks.csv`` (the input table with
-    its file paths made relative to `out` (`rebase_paths`), plus `column` = ``masks/<id>.png`` and
+    Layout of `out`: ``masks/<name>.png`` (8-bit, 0 or 255; the name is `shortcutlab.paths.file_names` of the id), ``masks.csv`` (the input table with
+    its file paths made relative to `out` (`rebase_paths`), plus `column` = ``masks/<name>.png`` and
     `QUALITY_COLUMNS`), ``masks.json`` (the method, channel and counts) and
     ``contact_sheet.png``. The folder is built beside `out` and swapped in when complete
     (`io.atomic_dir`); a folder holding files shortcutlab did not write there is refused.
@@ -466,7 +458,7 @@ def write_masks(table: str, out: str, *, image: str = "path", id: str = "id", co
     with atomic_dir(out, "masks", MASKS_FILES) as tmp:
         quality, shown = _estimate_rows(frame, paths, image, id, tmp, method, channel, smooth, n_sheet)
         written = rebase_paths(frame, table, out, image)
-        written[column] = [f"masks/{i}.png" for i in frame[id]]
+        written[column] = [f"masks/{name}" for name in file_names(frame[id])]
         for col in QUALITY_COLUMNS:
             written[col] = quality[col].to_numpy()
         written["foreground_share"] = written["foreground_share"].round(6)

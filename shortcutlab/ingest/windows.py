@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -43,7 +42,7 @@ import pandas as pd
 from shortcutlab.data.table import CropTable
 from shortcutlab.errors import ShortcutlabError, TableError
 from shortcutlab.io import atomic_dir, write_csv, write_json
-from shortcutlab.paths import need_file
+from shortcutlab.paths import file_names, need_file
 
 Border = Literal["refuse", "constant", "edge", "reflect"]
 #: how a window past the image border is handled: refused, or padded with this numpy.pad mode
@@ -51,7 +50,6 @@ BORDERS: tuple[str, ...] = ("refuse", "constant", "edge", "reflect")
 #: what `cut_crops` writes in its folder (``name/``: a folder it owns whole)
 CROPS_FILES = ("crops.csv", "crops.json", "crops/")
 FORMAT = "shortcutlab.crops/1"
-_SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class WindowError(ShortcutlabError):
@@ -258,16 +256,6 @@ def cut_window(image: np.ndarray, x0: int, y0: int, w: int, h: int, border: str 
     return part[oy:oy + h, ox:ox + w]
 
 
-def _file_names(ids: Sequence[str]) -> list[str]:
-    """One PNG name per crop id under crops/: the id with characters other than letters,
-    digits, '.', '_' and '-' replaced by '_', and the row number added where that changed the
-    id or two names would clash (ids 'a/1' and 'a_1')."""
-    safe = [_SAFE.sub("_", i) for i in ids]
-    counts = pd.Series(safe).value_counts()
-    return [f"{s}.png" if s == i and counts[s] == 1 and s not in (".", "..") else f"{s}-{k}.png"
-            for k, (s, i) in enumerate(zip(safe, ids))]
-
-
 def _cut_all(frame: pd.DataFrame, paths: list[str], win: np.ndarray, border: str, fill, crops_dir: str,
              names: list[str], compress_level: int) -> np.ndarray:
     """Cut and write every window, reading each parent image once; (N,) bool: padded."""
@@ -393,7 +381,7 @@ def cut_crops(
         root = os.path.dirname(os.path.abspath(source)) if source != "DataFrame" else os.getcwd()
     paths = _image_paths(frame, os.fspath(root), parent_image)
     _check_borders(frame, paths, win, border)
-    names = _file_names(list(frame["id"]))
+    names = file_names(list(frame["id"]))
     out = os.fspath(out_dir)
     _refuse_working_directory(out)
     with atomic_dir(out, "crops", CROPS_FILES) as tmp:
