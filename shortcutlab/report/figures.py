@@ -322,6 +322,7 @@ def _intervention_columns(folder, crops, split, side, pick, x, m, rng, device: s
 def _gradcam_columns(leak, clean, run, x, m, device: str, notes: list) -> tuple[list, dict]:
     """Grad-CAM maps of the leak model and its clean model on the example crops (as each model
     scored them), and each map's mean mass outside the cell."""
+    from probes.base import apply_preprocess
     from probes.saliency import gradcam, outside_mass
 
     from shortcutlab.models.runs import load_run
@@ -334,13 +335,14 @@ def _gradcam_columns(leak, clean, run, x, m, device: str, notes: list) -> tuple[
         try:
             r = run if ref is leak else load_run(ref.run_dir, device=device)
             pre = r.preprocess  # the crops as the model scored them (its masked background)
-            xin = pre(x, m) if pre is not None and m is not None else x
+            # (resized with the crops for a run with an input size)
+            xin, min_ = apply_preprocess(pre, x, m) if pre is not None and m is not None else (x, m)
             maps = gradcam(r.adapter, xin.to(r.adapter.dtype)).detach().float().cpu()
             cams.append((f"Grad-CAM, {label} model", maps))
             if m is not None:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    om = outside_mass(maps, m.cpu()).numpy()
+                    om = outside_mass(maps, min_.cpu()).numpy()
                 if np.isfinite(om).any():
                     masses[label] = float(np.nanmean(om))
         except Exception as e:  # noqa: BLE001
