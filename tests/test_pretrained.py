@@ -176,8 +176,12 @@ def _tiny_manifest(tmp_path, n_parents=8, per_parent=4, size=24):
         for k in range(per_parent):
             i = len(rows)
             img = (rng.random((size, size, 3)) * 80 + (150 if label else 60)).astype(np.uint8)
+            mask = np.zeros((size, size), np.uint8)
+            mask[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = 255
             Image.fromarray(img).save(tmp_path / "crops" / f"c{i}.png")
-            rows.append({"id": f"c{i}", "path": f"crops/c{i}.png", "label": f"class{label}", "parent": f"f{p}"})
+            Image.fromarray(mask).save(tmp_path / "crops" / f"m{i}.png")
+            rows.append({"id": f"c{i}", "path": f"crops/c{i}.png", "mask": f"crops/m{i}.png", "label": f"class{label}",
+                         "parent": f"f{p}"})
     pd.DataFrame(rows).to_csv(tmp_path / "manifest.csv", index=False)
     return str(tmp_path / "manifest.csv")
 
@@ -249,8 +253,20 @@ def test_input_size_resizes_in_training_and_scoring_and_load_run_scores_with_it(
         unresized = run.adapter.logits(x).numpy()
     np.testing.assert_allclose(again, logits[["logit_class0", "logit_class1"]].to_numpy(), atol=1e-4)
     assert not np.allclose(unresized, again, atol=1e-4)  # the resize matters: without it the logits differ
-    # diagnostics see the resized crops, and the masks (none here) would follow
+    # diagnostics see the resized crops, with the masks resized beside them (nearest: still 0 / 1)
     from probes.base import apply_preprocess
 
-    xm, mm = apply_preprocess(run.preprocess, x[:2], torch.ones(2, 1, 24, 24))
-    assert xm.shape[-2:] == mm.shape[-2:] == (40, 40)
+    xm, mm = apply_preprocess(run.preprocess, x[:2], m[:2])
+    assert xm.shape[-2:] == mm.shape[-2:] == (40, 40) and set(mm.unique().tolist()) == {0.0, 1.0}
+    assert float(mm.mean()) == pytest.approx(float(m[:2].mean()), abs=0.02)  # the centre square keeps its area share
+    import probes
+
+    seen.clear()
+    run.adapter.model.register_forward_pre_hook(lambda mod, inp: seen.append(tuple(inp[0].shape[-2:])))
+    rows = probes.diagnose(run.adapter, crops, side, only=["gradcam", "interventions"], preprocess=run.preprocess,
+                           params={"gradcam": {"n_boot": 0, "cascade": [0]}, "interventions": {"names": ["background_removal"]}})
+    assert set(seen) == {(40, 40)}
+    # Grad-CAM's maps (40 x 40) met the resized masks: every test mask still has its cell
+    empty = rows[(rows["diagnostic"] == "gradcam") & (rows["metric"] == "empty_masks")]
+    assert empty[["value", "n"]].values.tolist() == [[0.0, float((side == 2).sum())]]
+    assert (rows["diagnostic"] == "interventions").any()
