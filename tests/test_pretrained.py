@@ -270,3 +270,16 @@ def test_input_size_resizes_in_training_and_scoring_and_load_run_scores_with_it(
     empty = rows[(rows["diagnostic"] == "gradcam") & (rows["metric"] == "empty_masks")]
     assert empty[["value", "n"]].values.tolist() == [[0.0, float((side == 2).sum())]]
     assert (rows["diagnostic"] == "interventions").any()
+
+
+def test_a_file_without_a_classifier_gets_a_new_one(tmp_path):
+    # DINOv2's released files are backbones only (timm's num_classes=0)
+    torch.manual_seed(0)
+    state = timm.create_model("test_vit", num_classes=0).state_dict()
+    path = str(tmp_path / "backbone.safetensors")
+    save_file(state, path)
+    model, fit = create_model_fit("test_vit", 4, path)
+    head_keys = {k for k in model.state_dict() if k not in state}
+    assert head_keys == {"head.weight", "head.bias"}
+    assert fit.route == "new_head" and fit.dropped == () and set(fit.reinitialised) == head_keys
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
