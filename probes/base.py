@@ -195,7 +195,7 @@ class DiagnosticContext:
         if m is not None:
             m = m.to(x.dtype)
         if self.preprocess is not None:
-            x = self.preprocess(x, m)
+            x, m = apply_preprocess(self.preprocess, x, m)
         return x, m
 
     # -- frozen features ---------------------------------------------------------------
@@ -215,13 +215,25 @@ class DiagnosticContext:
         if name not in self._features:
             pre, fn = self.preprocess, transform
             if pre is not None:
-                fn = (lambda x, m: transform(pre(x, m), m)) if transform is not None else pre
+                fn = (lambda x, m: transform(*apply_preprocess(pre, x, m))) if transform is not None else pre
                 key = f"{getattr(pre, 'key', 'preprocess')}+{key or ''}"
             self._features[name] = extract_features(
                 self.adapter, self.crops, batch_size=self.batch_size, cache_dir=self.cache_dir,
                 progress=self.progress, transform=fn, transform_key=key,
             )
         return self._features[name]
+
+
+def apply_preprocess(preprocess, x, m) -> tuple[Any, Any]:
+    """A run's preprocess on a batch, ``(preprocess(x, m), m)``, with the (B, 1, H, W) masks
+    resized (nearest) to the crops' new size when the preprocess resized them (a run trained
+    with an ``input_size``), so that interventions and Grad-CAM see matching crops and masks."""
+    import torch
+
+    x_out = preprocess(x, m)
+    if m is not None and tuple(m.shape[-2:]) != tuple(x_out.shape[-2:]):
+        m = torch.nn.functional.interpolate(m, size=tuple(x_out.shape[-2:]), mode="nearest")
+    return x_out, m
 
 
 class Diagnostic(abc.ABC):

@@ -988,8 +988,9 @@ class GradCamDiagnostic(Diagnostic):
         with eval_mode(adapter):
             for s in tqdm(range(0, n, ctx.batch_size), desc="gradcam", disable=not ctx.progress, leave=False):
                 bi = idx[s : s + ctx.batch_size]
-                x, m = ctx.crops.float_batch(torch.from_numpy(bi), device=adapter.device)
-                x = x.to(adapter.dtype)
+                # as the run scores them (its preprocess: masked background, input size), with
+                # the masks resized beside the crops
+                x, m = ctx.batch(bi)
                 t = None if self.target == "predicted" else torch.as_tensor(labels[bi], dtype=torch.long, device=adapter.device)
                 checks = _head_checks(adapter, x, t, m, seed, cascades, self.relu, self.upsample, self.path)
                 empty += int((m.flatten(1).sum(1) <= 0).sum())

@@ -403,6 +403,12 @@ def cmd_train(args) -> int:
     acc = ", ".join(f"{k} {v:.4f}" for k, v in rec.accuracy.items())
     print(f"trained {cfg.arch} for {cfg.epochs} epochs on {rec.n_crops['train']} crops ({rec.durations_s['train']:.1f} s, "
           f"{rec.durations_s['train_crops_per_s']:.0f} crops/s); accuracy: {acc}")
+    fit = rec.weights_fit
+    if fit is not None and fit["route"] == "new_head":
+        print(f"weights {fit['file']}: fine-tuned with a new classifier; dropped from the file: {', '.join(fit['dropped']) or 'none'}; "
+              f"re-initialised: {', '.join(fit['reinitialised'])}" + (f"; adapted by timm: {', '.join(fit['adapted'])}" if fit["adapted"] else ""))
+    if cfg.input_size is not None:
+        print(f"crops resized to {cfg.input_size} x {cfg.input_size} before the model (recorded in run.json)")
     print(f"wrote {os.path.join(args.out, 'model.safetensors')}, logits.csv, run.json")
     return 0
 

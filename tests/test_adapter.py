@@ -407,7 +407,7 @@ def test_create_model_errors(tmp_path):
     path = tmp_path / "three.pt"
     torch.save(create_model("test_resnet", num_classes=3).state_dict(), path)
     with pytest.raises(ModelError, match=r"fc.weight has shape \(3, 96\) in the file but \(4, 96\) in the model"):
-        create_model("test_resnet", num_classes=4, pretrained=path)
+        create_model("test_resnet", num_classes=4, pretrained=path, new_head=False)
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint")
     with pytest.raises(ModelError, match="cannot read weights file"):

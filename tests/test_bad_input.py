@@ -2827,6 +2827,34 @@ def _cut22w(size=10, border="refuse", box=None, **change):
         table = _study22w(tmp_path, **change)
         geometry = {"box": box} if box else {"center": "cx,cy", "size": size}
         return cut_crops(table, "image", str(tmp_path / "out"), border=border, **geometry)
+# --- issue 22: P5, fine-tuning from pretrained weights and --input-size ---
+def _imagenet22(tmp_path, arch: str = "test_resnet", edit=None) -> str:
+    """A 1000-class random-init state dict of `arch` (one key replaced by `edit`), saved."""
+    import torch
+    from safetensors.torch import save_file
+
+    from shortcutlab.models.adapter import create_model
+
+    torch.manual_seed(0)
+    state = create_model(arch, num_classes=1000).state_dict()
+    if edit is not None:
+        state = edit(state)
+    path = str(tmp_path / f"{arch}_in1k.safetensors")
+    save_file({k: v.contiguous() for k, v in state.items()}, path)
+    return path
+
+
+def _wrong_backbone_shape22(state):
+    import torch
+
+    return dict(state, **{"conv1.0.weight": torch.zeros(state["conv1.0.weight"].shape[0], 3, 1, 1)})
+
+
+def _create22(arch, edit=None, **kw):
+    def call(tmp_path):
+        from shortcutlab.models.adapter import create_model
+
+        create_model(arch, num_classes=4, pretrained=_imagenet22(tmp_path, "test_resnet", edit), **kw)
 
     return call
 
@@ -2976,3 +3004,47 @@ def test_i22_cli_masks_refuses_the_working_directory_as_out(tmp_path, capsys, mo
     line = cli_error(["masks", table, "--image", "file", "--out", "."], capsys)
     assert "holds the working directory" in line and "choose a subfolder" in line
     assert _os22.listdir(tmp_path / "out") == []
+from shortcutlab.errors import ShortcutlabError as _ShortcutlabError22  # noqa: E402
+from shortcutlab.models.adapter import ModelError as _ModelError22  # noqa: E402
+
+I22_P5_CASES = [
+    Case("i22-p5-backbone-key-wrong-shape", _create22("test_resnet", _wrong_backbone_shape22), _ModelError22,
+         ("test_resnet_in1k.safetensors", "conv1.0.weight has shape (16, 3, 1, 1) in the file but (16, 3, 3, 3)", "in the model", "only the classifier is replaced")),
+    Case("i22-p5-another-architecture", _create22("test_vit"), _ModelError22,
+         ("test_resnet_in1k.safetensors", "'test_vit'", "keys of the model are missing from the file", "another architecture")),
+    Case("i22-p5-a-trained-model-keeps-its-head", _create22("test_resnet", new_head=False), _ModelError22,
+         ("fc.weight has shape (1000, 96) in the file but (4, 96) in the model",)),
+    Case("i22-p5-input-size-zero", lambda p: __import__("shortcutlab.models.train_config", fromlist=["TrainConfig"]).TrainConfig(input_size=0),
+         _ShortcutlabError22, ("input_size must be a positive integer", "got 0")),
+]
+
+
+@pytest.mark.parametrize("case", I22_P5_CASES, ids=[c.id for c in I22_P5_CASES])
+def test_i22_p5_pretrained_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i22_p5_train_with_a_misfitting_file_is_one_line_and_leaves_no_run(tmp_path, capsys):
+    import os
+
+    import numpy as np
+    import pandas as pd
+    from PIL import Image
+
+    from shortcutlab import parent_split
+    from shortcutlab.data.images import load_manifest_table
+
+    rows = []
+    for i in range(16):
+        Image.fromarray(np.full((16, 16, 3), 40 * (i % 2) + 60, np.uint8)).save(tmp_path / f"c{i}.png")
+        rows.append({"id": f"c{i}", "path": f"c{i}.png", "label": f"k{i % 2}", "parent": f"f{i // 2}"})
+    manifest = str(tmp_path / "manifest.csv")
+    pd.DataFrame(rows).to_csv(manifest, index=False)
+    parent_split(load_manifest_table(manifest), 0.25, seed=0).to_csv(tmp_path / "split.csv")
+    path = _imagenet22(tmp_path, "test_resnet", _wrong_backbone_shape22)
+    base = ["train", "--manifest", manifest, "--split", str(tmp_path / "split.csv"), "--out", str(tmp_path / "run"), "--quiet"]
+    line = cli_error([*base, "--epochs", "1", "--weights", path], capsys)
+    assert line.startswith("shortcutlab train: error: ") and "conv1.0.weight has shape" in line and path in line
+    assert not os.path.exists(tmp_path / "run")
+    line = cli_error([*base, "--input-size", "-3"], capsys)
+    assert "input_size must be a positive integer" in line and "-3" in line

@@ -25,6 +25,7 @@ HAND = {
     "weight_decay": (0.2, ["--weight-decay", "0.2"], 0.2),
     "seed": (5, ["--seed", "5"], None),  # a sweep's top-level seeds
     "weights": ("w.pt", ["--weights", "w.pt"], "w.pt"),
+    "input_size": (48, ["--input-size", "48"], 48),
     "rrc_scale": ((0.25, 0.75), ["--rrc-scale", "0.25,0.75"], [0.25, 0.75]),
     "rrc_ratio": ((0.5, 2.0), ["--rrc-ratio", "0.5,2"], [0.5, 2.0]),
     "hflip": (False, ["--no-hflip"], False),
@@ -40,7 +41,7 @@ HAND = {
     "device": ("cpu:0", ["--device", "cpu:0"], None),  # a sweep's top-level device
 }
 # what `litmus` and `control` retrain with (README: their training flags)
-RETRAIN = {"arch", "epochs", "batch_size", "lr", "seed", "weights", "precise_bn", "device"}
+RETRAIN = {"arch", "epochs", "batch_size", "lr", "seed", "weights", "input_size", "precise_bn", "device"}
 # settings a field needs beside it (augment_params are refused without augment)
 NEEDS = {"augment_params": "augment"}
 

@@ -44,6 +44,7 @@ import contextlib
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, fields
 from typing import Iterator, Literal, Sequence
 
@@ -52,7 +53,8 @@ from torch import nn
 
 from shortcutlab.errors import ShortcutlabError
 
-__all__ = ["InputError", "ModelAdapter", "ModelError", "TokenLayout", "create_model", "reinit_parameters", "wrap"]
+__all__ = ["InputError", "ModelAdapter", "ModelError", "TokenLayout", "WeightsFit", "create_model", "create_model_fit",
+           "input_size_kw", "reinit_parameters", "wrap"]
 
 
 class ModelError(ShortcutlabError):
@@ -851,39 +853,73 @@ def wrap(
 
 
 # ------------------------------------------------------------------------------ creation
-def create_model(name: str, num_classes: int, pretrained: str | os.PathLike | None = None, **kw) -> nn.Module:
+@dataclass(frozen=True)
+class WeightsFit:
+    """How a weights file went into a model (`create_model_fit`); run.json's ``weights_fit``.
+
+    Attributes:
+        file: the weights file.
+        route: ``"strict"`` (every key of the file loaded as it is: a run's own weights, a
+            checkpoint of the task) or ``"new_head"`` (fine-tuning: timm's own loading dropped
+            the file's classifier and gave the model a new one, and adapted what it adapts).
+        dropped: keys of the file that were not loaded (its classifier).
+        reinitialised: keys of the model that were not in the file and kept their random
+            initialisation (the new classifier).
+        adapted: keys loaded with another shape than the file's (timm resamples position
+            embeddings to the model's input size and sums input-channel weights).
+    """
+
+    file: str
+    route: Literal["strict", "new_head"]
+    dropped: tuple[str, ...] = ()
+    reinitialised: tuple[str, ...] = ()
+    adapted: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        """The JSON form (lists for the key tuples)."""
+        return {"file": self.file, "route": self.route, "dropped": list(self.dropped),
+                "reinitialised": list(self.reinitialised), "adapted": list(self.adapted)}
+
+
+def create_model(name: str, num_classes: int, pretrained: str | os.PathLike | None = None, *, new_head: bool = True,
+                 **kw) -> nn.Module:
     """A timm model with random weights, or with weights from a local file.
 
-    Never downloads: ``timm.create_model(name, pretrained=False, num_classes=..., **kw)``, then,
-    if ``pretrained`` is a path, its state dict is loaded strictly.
+    Never downloads. A file whose classifier fits ``num_classes`` is loaded strictly. A file
+    whose classifier differs (an ImageNet checkpoint of timm or torchvision, 1000 classes) is
+    loaded for fine-tuning when ``new_head`` is True: timm's own loading
+    (``timm.create_model(name, pretrained=True, num_classes=K, pretrained_cfg_overlay=...)``)
+    drops the file's classifier, initialises a new one, and adapts position embeddings and
+    input channels. Any other key that does not fit stays an error. `create_model_fit` also
+    says which keys were dropped and re-initialised.
 
     Args:
         name: a timm model name, e.g. 'resnet18', 'convnext_atto', 'vit_tiny_patch16_224'.
         num_classes: K, the number of logits.
         pretrained: a local ``.safetensors`` or torch (``.pt`` / ``.pth`` / ``.bin``) file
             holding a state dict (or a checkpoint dict with 'state_dict' / 'model'), or None.
+        new_head: accept a file whose classifier differs and give the model a new one (False:
+            the file must fit as it is, as a trained model's own weights must).
         **kw: passed to ``timm.create_model`` (e.g. ``img_size=64``, ``in_chans``).
 
     Raises:
         ModelError: unknown model name, missing file, or weights that do not fit the model.
     """
+    return create_model_fit(name, num_classes, pretrained, new_head=new_head, **kw)[0]
+
+
+def create_model_fit(name: str, num_classes: int, pretrained: str | os.PathLike | None = None, *, new_head: bool = True,
+                     **kw) -> tuple[nn.Module, WeightsFit | None]:
+    """`create_model` and how its weights file fitted (None without a file).
+
+    Example:
+        >>> model, fit = create_model_fit("resnet18", 4, "resnet18_in1k.safetensors")   # doctest: +SKIP
+        >>> fit.dropped, fit.reinitialised                                              # doctest: +SKIP
+        (('fc.weight', 'fc.bias'), ('fc.weight', 'fc.bias'))
+    """
     import timm
 
-    if isinstance(pretrained, bool):
-        raise ModelError(
-            f"pretrained must be a local weights file path or None; got {pretrained!r} (shortcutlab never downloads weights)"
-        )
-    path = None
-    if pretrained is not None:
-        path = os.fspath(pretrained)
-        if not os.path.isfile(path):
-            from shortcutlab.paths import wrong_kind
-
-            where = os.path.dirname(os.path.abspath(path))
-            raise ModelError(
-                f"weights file {path!r} {wrong_kind(path, 'file')} (looked in {where}); pass the path of a local .safetensors or "
-                ".pt file (shortcutlab never downloads weights)"
-            )
+    path = _weights_path(pretrained)
     try:
         model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kw)
     except RuntimeError as e:
@@ -892,11 +928,108 @@ def create_model(name: str, num_classes: int, pretrained: str | os.PathLike | No
             hint = f"; close matches: {', '.join(close)}" if close else ""
             raise ModelError(f"timm has no model named {name!r}{hint}") from None
         raise
-    if path is not None:
-        state = _load_state_dict(path)
+    if path is None:
+        return model, None
+    state = _load_state_dict(path)
+    heads = _classifier_keys(model)
+    own = model.state_dict()
+    head_fits = all(k in state and state[k].shape == own[k].shape for k in heads)
+    if not new_head or not heads or head_fits:
         _check_state(model, state, path, name)
         model.load_state_dict(state, strict=True)
-    return model
+        return model, WeightsFit(file=path, route="strict")
+    return _fine_tune_model(name, num_classes, model, state, heads, path, kw)
+
+
+def input_size_kw(name: str, input_size: int | None) -> dict:
+    """The ``timm.create_model`` arguments that make model `name` take N x N inputs.
+
+    A model whose input size is fixed (timm's ``pretrained_cfg.fixed_input_size``: ViT, Swin,
+    MaxViT, whose position embeddings or attention windows follow the patch grid) is built
+    for N (``img_size=N``; timm resamples a file's position embeddings when it loads them);
+    any other model takes any size and needs nothing.
+
+    Example:
+        >>> input_size_kw("vit_small_patch14_dinov2", 224), input_size_kw("resnet18", 224)
+        ({'img_size': 224}, {})
+    """
+    if input_size is None:
+        return {}
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name)
+    if cfg is None or not getattr(cfg, "fixed_input_size", False) or tuple(cfg.input_size[-2:]) == (input_size, input_size):
+        return {}
+    return {"img_size": int(input_size)}
+
+
+def _weights_path(pretrained) -> str | None:
+    """The weights file as a str (or None), checked to exist; never a download request."""
+    if isinstance(pretrained, bool):
+        raise ModelError(
+            f"pretrained must be a local weights file path or None; got {pretrained!r} (shortcutlab never downloads weights)"
+        )
+    if pretrained is None:
+        return None
+    path = os.fspath(pretrained)
+    if not os.path.isfile(path):
+        from shortcutlab.paths import wrong_kind
+
+        where = os.path.dirname(os.path.abspath(path))
+        raise ModelError(
+            f"weights file {path!r} {wrong_kind(path, 'file')} (looked in {where}); pass the path of a local .safetensors or "
+            ".pt file (shortcutlab never downloads weights)"
+        )
+    return path
+
+
+def _classifier_keys(model: nn.Module) -> list[str]:
+    """The state-dict keys of a timm model's classifier (``pretrained_cfg['classifier']``)."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    names = cfg.get("classifier") if isinstance(cfg, dict) else None
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    own = model.state_dict()
+    return [f"{n}.{p}" for n in names for p in ("weight", "bias") if f"{n}.{p}" in own]
+
+
+def _fine_tune_model(name: str, num_classes: int, model: nn.Module, state: dict, heads: list[str], path: str,
+                     kw: dict) -> tuple[nn.Module, WeightsFit]:
+    """The model with the file's backbone and a new classifier, loaded by timm.
+
+    The file's keys must be the model's keys (but for the classifier): a key either side lacks
+    is an error naming it, before timm loads anything (timm's non-strict load would skip it
+    silently). A key of another shape is left to timm, which adapts position embeddings and
+    input channels and raises for anything else.
+    """
+    import timm
+
+    own = model.state_dict()
+    file_heads = [k for k in heads if k in state]
+    missing = [k for k in own if k not in state and k not in heads]
+    extra = [k for k in state if k not in own]
+    if missing or extra:
+        parts = ([f"{len(missing)} keys of the model are missing from the file, e.g. {missing[0]!r}"] if missing else []) \
+            + ([f"{len(extra)} keys of the file are not in the model, e.g. {extra[0]!r}"] if extra else [])
+        raise ModelError(f"weights file {path!r} does not fit timm model {name!r}: " + "; ".join(parts)
+                         + " (was it saved from another architecture?)")
+    # The file's class count, so that timm drops its classifier (num_classes 0: it has none).
+    file_classes = int(state[file_heads[0]].shape[0]) if file_heads else 0
+    overlay = dict(file=path, state_dict=dict(state), source="", custom_load=False, num_classes=file_classes)
+    try:
+        tuned = timm.create_model(name, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay=overlay, **kw)
+    except RuntimeError as e:
+        text = " ".join(str(e).split())
+        m = re.search(r"size mismatch for ([^:]+): copying a param with shape (torch.Size\(\[[^]]*\]\)) from checkpoint, "
+                      r"the shape in current model is (torch.Size\(\[[^]]*\]\))", text)
+        detail = f"{m.group(1)} has shape {_size(m.group(2))} in the file but {_size(m.group(3))} in the model" if m else text[:200]
+        raise ModelError(f"weights file {path!r} does not fit timm model {name!r}: {detail} "
+                         "(only the classifier is replaced; was it saved from another architecture or variant?)") from None
+    adapted = tuple(k for k in own if k in state and k not in heads and state[k].shape != own[k].shape)
+    return tuned, WeightsFit(file=path, route="new_head", dropped=tuple(file_heads), reinitialised=tuple(heads), adapted=adapted)
+
+
+def _size(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in re.findall(r"\d+", text))
 
 
 def _load_state_dict(path: str) -> dict[str, torch.Tensor]:

@@ -54,7 +54,7 @@ from shortcutlab.errors import ShortcutlabError
 from shortcutlab.models.grad_reverse import GradReverse as _GradReverse  # module attribute: tests spy on it
 from shortcutlab.models.grad_reverse import dann_lambda
 from shortcutlab.models.devices import resolve_device
-from shortcutlab.models.runs import mask_background
+from shortcutlab.models.runs import mask_background, preprocess_for, resize_crops
 from shortcutlab.io import OutputError, atomic_files, claim_output_dir, read_json_object, to_json, write_marker, write_text
 from shortcutlab.data.manifest import SplitManifest
 from shortcutlab.data.table import CropTable
@@ -80,6 +80,11 @@ class RunRecord:
 
     ``data`` names the crop manifest and split manifest files the run was trained on (absolute
     paths; None for data given in memory), so that `shortcutlab diagnose RUN` finds them.
+
+    ``weights_fit`` is None without a weights file; otherwise how the file went into the model
+    (`shortcutlab.models.adapter.WeightsFit`: its route, "strict" or "new_head", and the keys
+    of the file that were dropped, the model's keys that were re-initialised and those timm
+    adapted to another shape).
     """
 
     config: dict
@@ -96,6 +101,7 @@ class RunRecord:
     empty_masks: dict | None = None
     adversary: dict | None = None
     data: dict = field(default_factory=dict)
+    weights_fit: dict | None = None
 
 
 def random_resized_crop(
@@ -327,7 +333,7 @@ def precise_batchnorm(model: torch.nn.Module, batches, forward: Callable | None 
 def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: TrainConfig, device: torch.device, batch_size: int | None = None) -> int:
     """PreciseBN over training crops `idx`: every BatchNorm layer gets its input's exact moments.
 
-    The crops are taken as they are scored (no augmentation; masked if `mask_background`), in
+    The crops are taken as they are scored (no augmentation; the run's preprocess), in
     batches like the training batches: of ``config.batch_size`` crops (or `batch_size`),
     shuffled with a generator seeded by ``config.seed``, so that the layers before each
     BatchNorm layer normalise with statistics of mixed batches as in training (crops in id
@@ -345,13 +351,12 @@ def recalibrate_batchnorm(adapter, crops: CropImages, idx: np.ndarray, config: T
     if len(starts) > 1 and len(order) - starts[-1] == 1:
         starts.pop()  # a last batch of one crop joins the one before (BatchNorm cannot take it in train mode)
     ends = starts[1:] + [len(order)]
+    pre = preprocess_for({"config": config.to_dict()})
 
     def batches():
         for b, e in zip(starts, ends):
             x, m = crops.float_batch(torch.from_numpy(order[b:e]), device=device)
-            if config.mask_background:
-                x = mask_background(x, m, config.background_fill)
-            yield x
+            yield x if pre is None else pre(x, m)
 
     return precise_batchnorm(adapter.model, batches(), forward=adapter.logits)
 
@@ -420,15 +425,14 @@ def train(
     Returns:
         The run record (also written to run.json).
     """
-    from shortcutlab.models.adapter import create_model, wrap
+    from shortcutlab.models.adapter import create_model_fit, input_size_kw, wrap
 
     t0 = time.perf_counter()
     # Before anything can start CUDA (CUBLAS_WORKSPACE_CONFIG) and before any work is done.
     device = resolve_device(config.device)
     _check_out_dir(out_dir)
     crops, split, side, train_idx, data_files = _load_inputs(manifest, split, cell, config)
-    table = crops.table
-    classes = list(table.classes)
+    table, classes = crops.table, list(crops.table.classes)
     augmentation = _resolve_augmentation(config, augmentation, crops.masks is not None)
     empty_masks = _count_empty_masks(crops, side, config, augmentation)
     t_load = time.perf_counter() - t0
@@ -436,7 +440,7 @@ def train(
     with torch.random.fork_rng(devices=[]), _deterministic():
         # The global generator, seeded here, initialises the model and then the adversary.
         torch.manual_seed(config.seed)
-        model = create_model(config.arch, num_classes=len(classes), pretrained=config.weights)
+        model, weights_fit = create_model_fit(config.arch, len(classes), config.weights, **input_size_kw(config.arch, config.input_size))
         model.to(device)
         adapter = wrap(model, device=device)
         adversary = _ParentAdversary(table.parent_codes, train_idx, adapter.num_features, device) if config.adversary_weight > 0 else None
@@ -465,6 +469,7 @@ def train(
         empty_masks=empty_masks,
         adversary=adversary.log if adversary is not None else None,
         data=data_files,
+        weights_fit=weights_fit.to_dict() if weights_fit is not None else None,
     )
     _write_run(out_dir, frame, model, record)
     return record
@@ -592,7 +597,8 @@ def _fit(adapter, adversary: _ParentAdversary | None, crops: CropImages, train_i
 
 def _training_batch(crops: CropImages, idx: torch.Tensor, config: TrainConfig, augmentation, gen: torch.Generator) -> torch.Tensor:
     """One training batch, (B, 3, H, W) in [0, 1] on the CPU: the background masked if asked,
-    then random resized crop, flips and the augmentation, all drawn from `gen`."""
+    then random resized crop, flips and the augmentation, all drawn from `gen`, and last the
+    resize to ``input_size`` (the model's input, as in scoring)."""
     x, m = crops.float_batch(idx)
     if config.mask_background:
         x = mask_background(x, m, config.background_fill)
@@ -607,6 +613,8 @@ def _training_batch(crops: CropImages, idx: torch.Tensor, config: TrainConfig, a
     x = x.clamp_(0.0, 1.0)
     if augmentation is not None:
         x = _augment(augmentation, x, m, gen)
+    if config.input_size is not None:
+        x = resize_crops(x, config.input_size)
     return x.clamp_(0.0, 1.0)
 
 
@@ -624,17 +632,20 @@ def _train_step(adapter, adversary: _ParentAdversary | None, opt: torch.optim.Op
 
 
 def _score(adapter, crops: CropImages, side: np.ndarray, config: TrainConfig, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """Step 3 of `train`: the logits of every crop of the split in eval mode, un-augmented
-    (masked if `mask_background`). Returns the scored rows and their (n, n_classes) logits."""
+    """Step 3 of `train`: the logits of every crop of the split in eval mode, un-augmented,
+    through the run's preprocess (`preprocess_for`: masked if `mask_background`, resized to
+    `input_size`), as `load_run` will score them. Returns the scored rows and their
+    (n, n_classes) logits."""
     scored = np.flatnonzero(side >= 0)
+    pre = preprocess_for({"config": config.to_dict()})
     adapter.model.eval()
     out_logits = []
     with torch.no_grad():
         for b in range(0, len(scored), 256):
             idx = torch.from_numpy(scored[b : b + 256])
             x, m = crops.float_batch(idx, device=device)
-            if config.mask_background:
-                x = mask_background(x, m, config.background_fill)
+            if pre is not None:
+                x = pre(x, m)
             out_logits.append(adapter.logits(x).cpu())
     return scored, torch.cat(out_logits).numpy()
 

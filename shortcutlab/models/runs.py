@@ -9,7 +9,9 @@ checking the split's hash against the one the run recorded. `Run.from_weights` m
 
 A run scores its crops as it was trained on them: `Run.preprocess` (`preprocess_for` of its
 record) is the ``fn(x, mask) -> x`` every batch goes through first, e.g. `mask_background` for a
-run trained with masked backgrounds; training (`recipe.train`) calls the same `mask_background`.
+run trained with masked backgrounds, then `Resize` for a run trained with ``input_size`` (the
+crops resized to the model's input); training (`recipe.train`) calls the same `mask_background`
+and `resize_crops`.
 
 Example:
     >>> from shortcutlab.models.runs import load_run, load_run_data      # doctest: +SKIP
@@ -94,7 +96,68 @@ class MaskBackground:
         return f"mask_background={self.fill}"
 
 
-def preprocess_for(record: dict) -> MaskBackground | None:
+def resize_crops(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Crops resized to ``size`` x ``size``, bilinear and antialiased (``--input-size``).
+
+    The one implementation of ``TrainConfig(input_size=N)``: training batches (after their
+    augmentation), scoring and every diagnostic batch go through it. Bilinear weights are
+    convex, so values stay in [0, 1]. Crops of that size already come back unchanged.
+
+    Args:
+        x: (B, C, H, W) float crops.
+        size: N, the side in pixels of the model's input.
+
+    Returns:
+        (B, C, N, N), the dtype and device of `x`.
+    """
+    import torch.nn.functional as F
+
+    if tuple(x.shape[-2:]) == (size, size):
+        return x
+    return F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """The preprocess of a run trained with ``input_size``: ``fn(x, mask) -> x`` of size N x N.
+
+    Masks are not resized here: a caller that needs them beside the resized crops resizes
+    them with nearest-neighbour (`probes.DiagnosticContext.batch` does).
+
+    Attributes:
+        size: N, the model's input side in pixels (the run's ``input_size``).
+    """
+
+    size: int
+
+    def __call__(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return resize_crops(x, self.size)
+
+    @property
+    def key(self) -> str:
+        """Names the preprocess in feature caches (``input_size=<N>``)."""
+        return f"input_size={self.size}"
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Preprocess steps applied in order (the background masked at the crop's size, then the
+    resize to the model's input), each ``fn(x, mask) -> x`` with the crop's mask."""
+
+    steps: tuple
+
+    def __call__(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for step in self.steps:
+            x = step(x, mask)
+        return x
+
+    @property
+    def key(self) -> str:
+        """Names the preprocess in feature caches (its steps' keys joined by '+')."""
+        return "+".join(step.key for step in self.steps)
+
+
+def preprocess_for(record: dict) -> MaskBackground | Resize | Chain | None:
     """What every batch of a run goes through before the model, read from its record.
 
     Args:
@@ -102,16 +165,24 @@ def preprocess_for(record: dict) -> MaskBackground | None:
 
     Returns:
         `MaskBackground` of the run's ``background_fill`` (default 0.5) when its config has
-        ``mask_background`` set, else None (the crops are scored as they are).
+        ``mask_background`` set, `Resize` when it has an ``input_size``, both in a `Chain`
+        (masking first) when it has both, else None (the crops are scored as they are).
 
     Example:
         >>> preprocess_for({"config": {"mask_background": True, "background_fill": 0.25}}).key
         'mask_background=0.25'
+        >>> preprocess_for({"config": {"mask_background": True, "input_size": 224}}).key
+        'mask_background=0.5+input_size=224'
     """
     cfg = record.get("config", {})
+    steps: list = []
     if cfg.get("mask_background"):
-        return MaskBackground(float(cfg.get("background_fill", 0.5)))
-    return None
+        steps.append(MaskBackground(float(cfg.get("background_fill", 0.5))))
+    if cfg.get("input_size"):
+        steps.append(Resize(int(cfg["input_size"])))
+    if not steps:
+        return None
+    return steps[0] if len(steps) == 1 else Chain(tuple(steps))
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +202,7 @@ class Run:
     run_id: str
 
     @property
-    def preprocess(self) -> MaskBackground | None:
+    def preprocess(self) -> MaskBackground | Resize | Chain | None:
         """``fn(x, mask) -> x`` applied to every batch before the model, as the run was
         trained (`preprocess_for` of its record), or None. It carries a ``key`` naming it."""
         return preprocess_for(self.record)
@@ -174,7 +245,7 @@ class Run:
         order = classes if order is None else list(order)
         if sorted(classes) != sorted(order):
             raise RunError(f"the model's classes {classes} differ from the data's {order}")
-        model = create_model(arch, num_classes=len(classes), pretrained=weights)
+        model = create_model(arch, num_classes=len(classes), pretrained=weights, new_head=False)
         perm = [classes.index(c) for c in order]
         if perm != list(range(len(classes))):
             head = model.get_classifier()
@@ -238,6 +309,9 @@ def _check_record(record: dict, path: str) -> None:
     for key in ("manifest", "split"):
         if (data or {}).get(key) is not None and not isinstance(data[key], str):
             raise bad(f"data.{key}", data[key], "a file path (a string)")
+    size = cfg.get("input_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise bad("config.input_size", size, "a positive whole number (pixels) or null")
     if record.get("cell") is not None and not isinstance(record["cell"], str):
         raise bad("'cell'", record["cell"], "a cell name (a string) or null")
 
@@ -270,7 +344,7 @@ def load_run(run_dir: str | os.PathLike, device: str | torch.device | None = Non
         RunError: no run.json, no model.safetensors, or weights that do not fit the architecture.
         ShortcutlabError: a device that is not here (named with the ones that are).
     """
-    from shortcutlab.models.adapter import create_model
+    from shortcutlab.models.adapter import create_model, input_size_kw
 
     run_dir = os.fspath(run_dir)
     record = read_record(run_dir)
@@ -278,7 +352,8 @@ def load_run(run_dir: str | os.PathLike, device: str | torch.device | None = Non
     if not os.path.exists(weights):
         raise RunError(f"run folder {run_dir!r} has no model weights ({os.path.basename(weights)} is missing)")
     arch = record["config"].get("arch")
-    model = create_model(arch, num_classes=len(record["classes"]), pretrained=weights)
+    size = record["config"].get("input_size")
+    model = create_model(arch, num_classes=len(record["classes"]), pretrained=weights, new_head=False, **input_size_kw(arch, size))
     return Run(path=os.path.abspath(run_dir), record=record, adapter=_placed(model, device), run_id=_run_id(run_dir))
 
 

@@ -88,7 +88,11 @@ class TrainConfig:
         epochs: fixed number of epochs; the final epoch is scored.
         batch_size, lr, weight_decay: AdamW settings.
         seed: seeds initialisation, shuffling and augmentation.
-        weights: local weight file to start from (never downloaded).
+        weights: local weight file to start from (never downloaded); a file whose classifier
+            differs from the task (an ImageNet checkpoint) loses it and the model gets a new
+            one (`create_model_fit`; the keys are recorded in run.json's ``weights_fit``).
+        input_size: N: every crop is resized to N x N (bilinear, antialiased) before the model,
+            in training, scoring and diagnosis (`runs.Resize`); None: crops as they are.
         rrc_scale, rrc_ratio: random resized crop area and aspect ranges.
         hflip, vflip: random flips (cells have no canonical orientation).
         mask_background: replace the background outside the cell mask, in training and scoring.
@@ -127,6 +131,9 @@ class TrainConfig:
                          sweep_key="seeds")
     weights: str | None = _setting(None, help="local weight file to start from (never downloaded)", metavar="FILE",
                                    expected="a weight file path or null", kinds=(str, type(None)), retrain=True)
+    input_size: int | None = _setting(None, metavar="N", expected="a positive integer or null", kinds=(int, type(None)), retrain=True,
+                                      help="resize every crop to N x N (bilinear, antialiased) before the model, in training, "
+                                           "scoring and diagnosis (e.g. 224 for a ViT, Swin or MaxViT; default: crops as they are)")
     rrc_scale: tuple[float, float] = _setting((0.5, 1.0), cli="pair", metavar="LOW,HIGH", expected=_PAIR[1], kinds=_PAIR[0],
                                               help="random resized crop: range of the crop's area share (default 0.5,1)")
     rrc_ratio: tuple[float, float] = _setting((3 / 4, 4 / 3), cli="pair", metavar="LOW,HIGH", expected=_PAIR[1], kinds=_PAIR[0],
@@ -166,6 +173,9 @@ class TrainConfig:
             raise ShortcutlabError(f"background_fill must lie in [0, 1], got {self.background_fill}")
         if self.augment_params and not self.augment:
             raise ShortcutlabError(f"augment_params {self.augment_params} were given without augment=NAME")
+        if self.input_size is not None and (isinstance(self.input_size, bool) or not isinstance(self.input_size, int)
+                                            or self.input_size < 1):
+            raise ShortcutlabError(f"input_size must be a positive integer (pixels) or None, got {self.input_size!r}")
         if not self.adversary_weight >= 0:
             raise ShortcutlabError(f"adversary_weight must be >= 0, got {self.adversary_weight}")
 

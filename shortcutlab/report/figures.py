@@ -322,6 +322,9 @@ def _intervention_columns(folder, crops, split, side, pick, x, m, rng, device: s
 def _gradcam_columns(leak, clean, run, x, m, device: str, notes: list) -> tuple[list, dict]:
     """Grad-CAM maps of the leak model and its clean model on the example crops (as each model
     scored them), and each map's mean mass outside the cell."""
+    import torch
+
+    from probes.base import apply_preprocess
     from probes.saliency import gradcam, outside_mass
 
     from shortcutlab.models.runs import load_run
@@ -334,15 +337,18 @@ def _gradcam_columns(leak, clean, run, x, m, device: str, notes: list) -> tuple[
         try:
             r = run if ref is leak else load_run(ref.run_dir, device=device)
             pre = r.preprocess  # the crops as the model scored them (its masked background)
-            xin = pre(x, m) if pre is not None and m is not None else x
+            # (resized with the crops for a run with an input size)
+            xin, min_ = apply_preprocess(pre, x, m) if pre is not None and m is not None else (x, m)
             maps = gradcam(r.adapter, xin.to(r.adapter.dtype)).detach().float().cpu()
-            cams.append((f"Grad-CAM, {label} model", maps))
             if m is not None:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    om = outside_mass(maps, m.cpu()).numpy()
+                    om = outside_mass(maps, min_.cpu()).numpy()
                 if np.isfinite(om).any():
                     masses[label] = float(np.nanmean(om))
+            if tuple(maps.shape[-2:]) != tuple(x.shape[-2:]):  # drawn over the crop as it is
+                maps = torch.nn.functional.interpolate(maps[:, None], size=tuple(x.shape[-2:]), mode="bilinear")[:, 0]
+            cams.append((f"Grad-CAM, {label} model", maps))
         except Exception as e:  # noqa: BLE001
             notes.append(f"Grad-CAM of the {label} model: left out ({' '.join(str(e).split())[:160]}).")
     return cams, masses

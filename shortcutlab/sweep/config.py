@@ -722,7 +722,7 @@ def _wrap_spec(ck: _Checker, p: str, entry: Mapping, base_dir: str, conditions) 
     if name is not None:
         ck.typed(f"{p}.name", name, (str,), "a string naming the model in the tables")
     try:
-        model = create_model(arch, num_classes=len(classes), pretrained=full)
+        model = create_model(arch, num_classes=len(classes), pretrained=full, new_head=False)
     except ModelError as err:
         raise ck.error(f"{p}.weights", str(err)) from None
     if list(classes) != sorted(classes) and not isinstance(model.get_classifier(), __import__("torch").nn.Linear):
