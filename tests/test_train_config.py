@@ -198,3 +198,25 @@ def test_the_json_form_has_pairs_as_lists_and_reads_back():
     assert back == config and back.rrc_scale == (0.25, 0.75)
     with pytest.raises(TypeError):
         TrainConfig.from_dict({"nope": 1})
+
+
+def test_a_setting_added_later_leaves_the_task_ids_of_earlier_sweeps_alone(tmp_path):
+    # A sweep written before `input_size` existed planned its train tasks from the other
+    # settings; at its default the new setting must not enter the params (and so the content
+    # hash), or resuming that sweep would retrain every model. Given, it does enter them.
+    from shortcutlab.sweep.config import validate
+    from shortcutlab.sweep.graph import task_id
+    from shortcutlab.sweep.plan import build_plan
+
+    def train_task(model):
+        raw = {"data": {"synthetic": {"mechanisms": ["color"], "fields_per_class": 8, "crop_size": 16, "field_size": 64}},
+               "split": {"protocol": "parent"}, "seeds": [0], "models": [model]}
+        (task,) = [t for t in build_plan(validate(raw, base_dir=str(tmp_path))).graph.ordered() if t.kind == "train"]
+        return task
+
+    plain = train_task({"arch": "test_resnet", "epochs": 1})
+    assert "input_size" not in plain.params["train"]
+    assert plain.id == task_id("train", plain.params, list(plain.deps))  # the id is the hash of exactly these params
+    sized = train_task({"arch": "test_resnet", "epochs": 1, "input_size": 32})
+    assert sized.params["train"]["input_size"] == 32 and sized.id != plain.id
+    assert TrainConfig.from_dict(plain.params["train"] | {"seed": 0}).input_size is None

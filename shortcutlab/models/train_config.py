@@ -46,6 +46,9 @@ class Setting:
         retrain_help: help text there, where it differs from `help`.
         sweep_key: None when a sweep config's model entry takes the setting; else the
             top-level key of the sweep config that sets it for every model ("seeds", "device").
+        added_later: a setting added after sweeps were first written: `to_dict` leaves it out at
+            its default, so the task ids (content hashes) of sweeps written before it existed
+            stay the same and a resumed sweep does not retrain its models.
         name, default: the field's name and default, filled in by `train_settings()`.
     """
 
@@ -58,6 +61,7 @@ class Setting:
     retrain: bool = False
     retrain_help: str | None = None
     sweep_key: str | None = None
+    added_later: bool = False
     name: str = ""
     default: Any = None
 
@@ -131,7 +135,7 @@ class TrainConfig:
                          sweep_key="seeds")
     weights: str | None = _setting(None, help="local weight file to start from (never downloaded)", metavar="FILE",
                                    expected="a weight file path or null", kinds=(str, type(None)), retrain=True)
-    input_size: int | None = _setting(None, metavar="N", expected="a positive integer or null", kinds=(int, type(None)), retrain=True,
+    input_size: int | None = _setting(None, added_later=True, metavar="N", expected="a positive integer or null", kinds=(int, type(None)), retrain=True,
                                       help="resize every crop to N x N (bilinear, antialiased) before the model, in training, "
                                            "scoring and diagnosis (e.g. 224 for a ViT, Swin or MaxViT; default: crops as they are)")
     rrc_scale: tuple[float, float] = _setting((0.5, 1.0), cli="pair", metavar="LOW,HIGH", expected=_PAIR[1], kinds=_PAIR[0],
@@ -182,7 +186,9 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """The JSON form: field -> value, the (low, high) pairs as lists (as in a sweep task)."""
         pairs = pair_names()
-        return {k: list(v) if k in pairs else v for k, v in dataclasses.asdict(self).items()}
+        later = {s.name: s.default for s in train_settings() if s.added_later}
+        return {k: list(v) if k in pairs else v for k, v in dataclasses.asdict(self).items()
+                if not (k in later and v == later[k])}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
