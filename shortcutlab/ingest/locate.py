@@ -17,12 +17,14 @@ multiply-adds for 4,000 crops in 1,000 fields of 1024 x 768), so candidates are 
    lines its blocks up with the field's grid its keys equal the field's (exactly for a pixel
    copy, nearly always for a JPEG re-encoding, whose block means move by well under a bin),
    and each key found votes for one (field, offset).
-3. **Verify.** The best-voted offsets of the best-voted fields are checked by NCC at full
-   resolution within +-2 pixels (`skimage.feature.match_template` on that window); the
-   highest score is the match.
+3. **Verify.** The best-voted offsets of the best-voted fields (at least a quarter of the
+   top votes, at most four fields) are checked by NCC at full resolution within +-2 pixels;
+   the highest score is the match. NCC is `skimage.feature.match_template`'s (the Pearson
+   correlation of crop and window), computed directly on that small window.
 4. **Fall back.** A crop whose votes give no match at `min_score` is matched coarse-to-fine:
-   NCC of its block means against every field's block means, then full resolution around the
-   three best fields' peaks.
+   NCC of its block means against every field's block means
+   (`skimage.feature.match_template`), then full resolution within +-s pixels of the three
+   best fields' peaks.
 
 A crop is matched when its best NCC reaches `min_score` (default 0.9); it is flagged
 `ambiguous` when a second field also reaches it (the same pixels released in two fields).
@@ -97,13 +99,13 @@ def list_fields(fields_dir: str) -> list[Field]:
 
 
 def grey(path: str, what: str, name: str) -> np.ndarray:
-    """(H, W) float32 luma (0.299 R + 0.587 G + 0.114 B, 0..255) of an image file; `what`
-    and `name` (an id) name it in errors."""
+    """(H, W) float32 luma (0.299 R + 0.587 G + 0.114 B, rounded to 0..255) of an image file;
+    `what` and `name` (an id) name it in errors. Rounded so that fields can be held as uint8."""
     from shortcutlab.data.images import read_crop
     from shortcutlab.paths import need_file
 
     need_file(path, what, LocateError, f" (id {name!r})")
-    return read_crop(path, name).astype(np.float32) @ _LUMA
+    return np.rint(read_crop(path, name).astype(np.float32) @ _LUMA)
 
 
 def block_means(g: np.ndarray, s: int, py: int = 0, px: int = 0) -> np.ndarray:
@@ -133,6 +135,35 @@ def window_keys(means: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return keys[rows, cols], rows, cols
 
 
+def crop_keys(g: np.ndarray, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The keys of a crop at every block phase at once: for each start pixel (y, x), the key of
+    the KEY x KEY blocks of side s whose grid starts there (what `window_keys` gives for the
+    grid at phase (y mod s, x mod s), block (y // s, x // s)).
+
+    Returns:
+        (keys, ys, xs) of the textured windows; ys, xs are crop pixels.
+    """
+    span = _KEY * s
+    if g.shape[0] < span or g.shape[1] < span:
+        e = np.empty(0, dtype=np.int64)
+        return e, e, e
+    c = np.zeros((g.shape[0] + 1, g.shape[1] + 1))
+    c[1:, 1:] = g.astype(np.float64).cumsum(0).cumsum(1)
+    box = (c[s:, s:] - c[:-s, s:] - c[s:, :-s] + c[:-s, :-s]) / (s * s)   # mean of the s x s block at each (y, x)
+    ny, nx = g.shape[0] - span + 1, g.shape[1] - span + 1
+    keys = np.zeros((ny, nx), dtype=np.int64)
+    hi = np.full((ny, nx), -np.inf)
+    lo = np.full((ny, nx), np.inf)
+    for a in range(_KEY):
+        for b in range(_KEY):
+            v = box[a * s:a * s + ny, b * s:b * s + nx]
+            keys = keys * 32 + np.clip(v // _BIN, 0, 255 // _BIN).astype(np.int64)
+            np.maximum(hi, v, out=hi)
+            np.minimum(lo, v, out=lo)
+    ys, xs = np.nonzero(hi - lo >= _MIN_RANGE)
+    return keys[ys, xs], ys, xs
+
+
 class FieldIndex:
     """Keys of every field's block-mean windows, sorted, with where each came from.
 
@@ -141,15 +172,22 @@ class FieldIndex:
         scale: the block side s.
         shapes: (H, W) of each field.
         small: each field's block means at phase 0 (for the coarse fallback).
+        kept: the fields held in memory as uint8 luma (up to `keep_bytes`; others are read
+            again to be verified).
     """
 
-    def __init__(self, fields: list[Field], scale: int) -> None:
+    def __init__(self, fields: list[Field], scale: int, keep_bytes: int = 2**31) -> None:
         self.fields, self.scale = fields, scale
         self.shapes, self.small = [], []
+        self.kept: dict[int, np.ndarray] = {}   # fields held as uint8 luma, up to keep_bytes
         keys, where = [], []
+        held = 0
         for f_i, f in enumerate(fields):
             g = grey(f.path, "field image", f.name)
             self.shapes.append(g.shape)
+            if held + g.size <= keep_bytes:
+                self.kept[f_i] = g.astype(np.uint8)
+                held += g.size
             m = block_means(g, scale)
             self.small.append(m)
             k, r, c = window_keys(m)
@@ -163,35 +201,36 @@ class FieldIndex:
         keep = np.repeat(count <= _MAX_BUCKET, count)
         self.keys, self.where = keys[keep], where[keep]
 
+    def grey(self, f_i: int) -> np.ndarray:
+        """Field `f_i`'s luma, (H, W) float32: from memory, or read again."""
+        if f_i in self.kept:
+            return self.kept[f_i].astype(np.float32)
+        return grey(self.fields[f_i].path, "field image", self.fields[f_i].name)
+
     def votes(self, g: np.ndarray) -> list[tuple[int, int, int, int]]:
         """Candidate (votes, field, y, x) for a crop's grey pixels `g`, best first; at most
         one offset (the best voted) per field, at most `_MAX_FIELDS` fields."""
         s = self.scale
-        found = []
-        for py in range(s):
-            for px in range(s):
-                k, a, b = window_keys(block_means(g, s, py, px))
-                if len(k):
-                    found.append((k, py + s * a, px + s * b))
-        if not found or not len(self.keys):
+        k, oy, ox = crop_keys(g, s)
+        if not len(k) or not len(self.keys):
             return []
-        k = np.concatenate([f[0] for f in found])
-        oy = np.concatenate([f[1] for f in found])
-        ox = np.concatenate([f[2] for f in found])
         lo, hi = np.searchsorted(self.keys, k, "left"), np.searchsorted(self.keys, k, "right")
         n = hi - lo
         if not n.sum():
             return []
         rep = np.repeat(np.arange(len(k)), n)
-        pos = np.concatenate([np.arange(a, b) for a, b in zip(lo[n > 0], hi[n > 0])])
+        pos = np.repeat(lo, n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
         w = self.where[pos]
         y0, x0 = w[:, 1] * s - oy[rep], w[:, 2] * s - ox[rep]
         code = (w[:, 0].astype(np.int64) << 40) + ((y0.astype(np.int64) + 2**19) << 20) + (x0 + 2**19)
         uniq, count = np.unique(code, return_counts=True)
         order = np.argsort(-count, kind="stable")
         out, seen = [], set()
+        floor = max(1, int(count[order[0]]) // 4)   # a stray key or two is not a candidate
         for u, c in zip(uniq[order], count[order]):
             f_i = int(u >> 40)
+            if c < floor:
+                break
             if f_i in seen:
                 continue
             seen.add(f_i)
@@ -213,15 +252,21 @@ def choose_scale(min_side: int) -> int:
 def ncc_window(field: np.ndarray, crop: np.ndarray, y: int, x: int, radius: int) -> tuple[float, int, int]:
     """Best NCC of `crop` placed within +-`radius` of (y, x) in `field`: (score, y, x).
 
-    Score -1 when the crop does not fit there."""
-    from skimage.feature import match_template
-
+    NCC as `skimage.feature.match_template` defines it (the Pearson correlation of the crop and
+    the field window), computed directly: the window is small, so this is faster than an FFT.
+    Score -1 when the crop does not fit there.
+    """
     h, w = crop.shape
     y_lo, x_lo = max(0, y - radius), max(0, x - radius)
     y_hi, x_hi = min(field.shape[0], y + h + radius), min(field.shape[1], x + w + radius)
     if y_hi - y_lo < h or x_hi - x_lo < w:
         return -1.0, y, x
-    r = match_template(field[y_lo:y_hi, x_lo:x_hi], crop)
+    win = np.lib.stride_tricks.sliding_window_view(field[y_lo:y_hi, x_lo:x_hi].astype(np.float64), (h, w))
+    t = crop.astype(np.float64) - crop.mean(dtype=np.float64)
+    num = np.tensordot(win, t, axes=([2, 3], [0, 1]))
+    var = (win ** 2).sum(axis=(2, 3)) - win.sum(axis=(2, 3)) ** 2 / (h * w)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(var > 1e-9, num / np.sqrt(np.maximum(var, 1e-9) * (t ** 2).sum()), 0.0)
     i, j = np.unravel_index(int(np.argmax(r)), r.shape)
     return float(r[i, j]), y_lo + int(i), x_lo + int(j)
 
@@ -260,7 +305,7 @@ def _verify(index: FieldIndex, crops: list[np.ndarray], cands: dict[int, list[tu
             by_field.setdefault(f_i, []).append((c_i, y, x))
     scored: dict[int, list[tuple]] = {c_i: [] for c_i in cands}
     for f_i in sorted(by_field):
-        field = grey(index.fields[f_i].path, "field image", index.fields[f_i].name)
+        field = index.grey(f_i)
         for c_i, y, x in by_field[f_i]:
             score, yy, xx = ncc_window(field, crops[c_i], y, x, radius)
             scored[c_i].append((score, f_i, yy, xx))
