@@ -489,6 +489,8 @@ def _add_locate_command(sub) -> None:
     p.add_argument("--min-score", type=float, default=DEFAULT_MIN_SCORE, metavar="NCC",
                    help=f"normalised cross-correlation a crop must reach to be matched (default {DEFAULT_MIN_SCORE})")
     p.add_argument("--allow-unmatched", action="store_true", help="keep crops found in no field (empty parent) instead of failing")
+    p.add_argument("--fallback", choices=("auto", "always", "never"), default="auto",
+                   help="coarse-to-fine NCC over every field for crops the votes miss: auto (only low-texture crops; default), always, never")
     p.add_argument("--out", required=True, metavar="TABLE.csv", help="the located table; its summary goes beside it as TABLE.json")
     p.set_defaults(func=cmd_locate)
 
@@ -502,7 +504,7 @@ def cmd_locate(args) -> int:
         raise OutputError(f"--out {args.out!r} would be overwritten by its JSON sidecar; name the table *.csv")
     _check_output_files(args.table, [("--out", args.out), ("the sidecar of --out", sidecar_path(args.out))])
     frame, summary = locate(args.table, args.fields, image=args.image, id=args.id, parent=args.parent,
-                            min_score=args.min_score, allow_unmatched=args.allow_unmatched)
+                            min_score=args.min_score, allow_unmatched=args.allow_unmatched, fallback=args.fallback)
     side = write_located(frame, summary, args.out)
     methods = ", ".join(f"{v} by {k}" for k, v in sorted(summary["n_by_method"].items()))
     print(f"located {summary['n_matched']} of {summary['n_crops']} crops in {summary['n_fields']} fields "

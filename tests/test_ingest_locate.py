@@ -122,7 +122,7 @@ def test_a_crop_of_no_field_is_listed_unmatched_when_allowed(located):
     table, summary, _ = located
     row = table[table.id == "stray"].iloc[0]
     assert row.parent == "" and pd.isna(row.x) and row.method == "none"
-    assert row.match_score < 0.9
+    assert pd.isna(row.match_score)   # textured, and no key of it in any field: nothing to verify
     assert summary["n_unmatched"] == 1 and summary["unmatched"][0]["id"] == "stray"
 
 
@@ -200,3 +200,13 @@ def test_cli_writes_the_table_and_sidecar(released, tmp_path, capsys):
     side = json.loads((tmp_path / "located.json").read_text())
     assert side["n_matched"] == 3 and side["agreement"]["n_agree"] == 3
     assert "3 of 3" in printed and "unmatched" in printed
+
+
+def test_without_the_fallback_the_low_contrast_crop_is_not_found(released):
+    root, truth = released
+    truth[truth.id.isin(["c000", "low"])][["id", "path"]].to_csv(root / "low.csv", index=False)
+    table, summary = locate(str(root / "low.csv"), str(root / "fields"), allow_unmatched=True, fallback="never")
+    assert table.parent.tolist() == [truth.true_parent[0], ""]
+    assert summary["method"]["fallback"] == "never"
+    with pytest.raises(LocateError, match="--fallback must be one of auto, always, never; got 'sometimes'"):
+        locate(str(root / "low.csv"), str(root / "fields"), fallback="sometimes")

@@ -21,7 +21,8 @@ multiply-adds for 4,000 crops in 1,000 fields of 1024 x 768), so candidates are 
    top votes, at most four fields) are checked by NCC at full resolution within +-2 pixels;
    the highest score is the match. NCC is `skimage.feature.match_template`'s (the Pearson
    correlation of crop and window), computed directly on that small window.
-4. **Fall back.** A crop whose votes give no match at `min_score` is matched coarse-to-fine:
+4. **Fall back.** A crop whose votes give no match at `min_score`, and most of whose windows
+   are too flat to be indexed, is matched coarse-to-fine:
    NCC of its block means against every field's block means
    (`skimage.feature.match_template`), then full resolution within +-s pixels of the three
    best fields' peaks.
@@ -53,6 +54,8 @@ _MIN_RANGE = 2 * _BIN
 _MAX_BUCKET = 64    # a key in more field windows than this says nothing
 _MAX_FIELDS = 4     # fields verified per crop (by votes)
 _RADIUS = 2         # refinement window around a voted offset, pixels
+_LOW_TEXTURE = 0.25  # under this share of indexable windows a crop falls back to coarse NCC
+FALLBACKS = ("auto", "always", "never")
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
@@ -377,8 +380,19 @@ def _best_per_field(scored: list[tuple]) -> list[tuple[float, int, int, int]]:
     return sorted(best.values(), key=lambda t: -t[0])
 
 
-def _search(index: FieldIndex, crops: list[np.ndarray], min_score: float) -> tuple[dict[int, list], dict[int, str]]:
-    """Vote, verify, and fall back to coarse-to-fine NCC for the crops votes leave unmatched.
+def textured_share(g: np.ndarray, s: int) -> float:
+    """Share of a crop's key windows with texture enough to be indexed (0 when none fit)."""
+    span = _KEY * s
+    n = max(0, g.shape[0] - span + 1) * max(0, g.shape[1] - span + 1)
+    return len(crop_keys(g, s)[0]) / n if n else 0.0
+
+
+def _search(index: FieldIndex, crops: list[np.ndarray], min_score: float,
+            fallback: str = "auto") -> tuple[dict[int, list], dict[int, str]]:
+    """Vote, verify, and fall back to coarse-to-fine NCC for the crops votes leave unmatched:
+    with `fallback` "auto" only those whose windows are mostly too flat to be indexed (a
+    textured crop the votes miss is in no field, and the fallback costs one NCC per field),
+    with "always" all of them, with "never" none.
 
     Returns:
         (scored, method): crop position -> [(score, field, y, x)] best first, one per field;
@@ -389,6 +403,8 @@ def _search(index: FieldIndex, crops: list[np.ndarray], min_score: float) -> tup
     scored = {r: _best_per_field(v) for r, v in _verify(index, crops, cands, _RADIUS).items()}
     method = {r: "vote" for r in live}
     weak = [r for r in live if not scored[r] or scored[r][0][0] < min_score]
+    if fallback != "always":
+        weak = [r for r in weak if fallback == "auto" and textured_share(crops[r], index.scale) < _LOW_TEXTURE]
     coarse = {r: [(f, y, x) for _, f, y, x in coarse_candidates(index, crops[r])] for r in weak}
     for r, v in _verify(index, crops, coarse, index.scale).items():
         merged = _best_per_field(scored[r] + v)
@@ -458,7 +474,7 @@ def _unmatched_error(src: CropSource, index: FieldIndex, scored: dict, crops, ba
 
 def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | None = None, parent: str | None = None,
            min_score: float = DEFAULT_MIN_SCORE, allow_unmatched: bool = False,
-           root: str | None = None) -> tuple[pd.DataFrame, dict]:
+           fallback: str = "auto", root: str | None = None) -> tuple[pd.DataFrame, dict]:
     """Find each crop in the field images under `fields_dir`.
 
     Args:
@@ -472,6 +488,9 @@ def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | No
             is one); in the output it is renamed ``table_parent`` if it is called ``parent``.
         min_score: NCC a crop must reach to be matched, in (0, 1].
         allow_unmatched: keep crops found in no field (empty parent) instead of failing.
+        fallback: which crops the votes leave unmatched go through coarse-to-fine NCC over
+            every field: "auto" (those with under a quarter of their windows textured enough
+            to index), "always" or "never".
         root: folder relative image paths start from (default: the CSV's folder).
 
     Returns:
@@ -491,6 +510,8 @@ def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | No
     t0 = time.perf_counter()
     if not isinstance(min_score, (int, float)) or not 0 < min_score <= 1:
         raise LocateError(f"--min-score must be an NCC in (0, 1]; got {min_score!r}")
+    if fallback not in FALLBACKS:
+        raise LocateError(f"--fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}")
     src = read_crops_table(table_or_paths, image=image, id=id, root=root)
     if parent is not None and parent not in src.frame.columns:
         raise LocateError(f"{src.source} has no parent column {parent!r} (--parent); columns are: {', '.join(map(str, src.frame.columns))}")
@@ -498,7 +519,7 @@ def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | No
     fields = list_fields(fields_dir)
     crops = [_load_crop(src, r) for r in range(len(src.paths))]
     index = FieldIndex(fields, choose_scale(min((min(c.shape) for c in crops), default=8)))
-    scored, method = _search(index, crops, min_score)
+    scored, method = _search(index, crops, min_score, fallback)
     located = _rows(index, crops, scored, method, min_score)
     bad = [r for r in range(len(crops)) if not located.at[r, "parent"]]
     if bad and not allow_unmatched:
@@ -509,6 +530,7 @@ def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | No
         frame = frame.rename(columns={"parent": "table_parent"})
     frame = pd.concat([frame.drop(columns=[c for c in LOCATED_COLUMNS if c in frame.columns]), located], axis=1)
     summary = _summary(src, index, located, bad, min_score)
+    summary["method"]["fallback"] = fallback
     summary["agreement"] = agreement(given, located, fields, src.ids, given_col) if given else None
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     _warn(summary)
