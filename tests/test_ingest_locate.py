@@ -210,3 +210,25 @@ def test_without_the_fallback_the_low_contrast_crop_is_not_found(released):
     assert summary["method"]["fallback"] == "never"
     with pytest.raises(LocateError, match="--fallback must be one of auto, always, never; got 'sometimes'"):
         locate(str(root / "low.csv"), str(root / "fields"), fallback="sometimes")
+
+
+def test_a_dataframe_or_a_list_of_paths_can_be_located(released):
+    root, truth = released
+    frame = truth[truth.id.isin(["c000", "c001", "dup"])][["id", "path", "parent"]].copy()
+    frame.loc[frame.id == "dup", "parent"] = np.nan   # a missing parent is not compared
+    with pytest.warns(LocateWarning, match="crops matching two fields at NCC >= 0.9: 1 .first: id 'dup'"):
+        table, summary = locate(frame, str(root / "fields"), root=str(root))
+    assert table.parent.tolist()[:2] == truth.true_parent[[0, 1]].tolist()
+    assert summary["agreement"]["n_compared"] == 2
+    listed, _ = locate([str(root / "crops" / "c000.png")], str(root / "fields"))
+    assert (listed.parent[0], int(listed.x[0]), int(listed.y[0])) == (truth.true_parent[0], truth.true_x[0], truth.true_y[0])
+
+
+def test_a_flat_crop_is_unmatched_with_a_warning(released, tmp_path):
+    root, _ = released
+    Image.fromarray(np.full((40, 40, 3), 128, dtype=np.uint8)).save(tmp_path / "flat.png")
+    with pytest.warns(LocateWarning, match="flat crops"):
+        table, summary = locate([str(tmp_path / "flat.png")], str(root / "fields"), allow_unmatched=True)
+    assert (table.parent[0], table.method[0], summary["n_flat"]) == ("", "flat", 1)
+    with pytest.raises(LocateError, match="is flat"):
+        locate([str(tmp_path / "flat.png")], str(root / "fields"))

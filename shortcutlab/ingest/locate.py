@@ -494,7 +494,8 @@ def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | No
         root: folder relative image paths start from (default: the CSV's folder).
 
     Returns:
-        (table, summary): the input columns plus `LOCATED_COLUMNS` (x, y: top-left corner,
+        (table, summary): the input columns (those named as a located column are replaced)
+        plus `LOCATED_COLUMNS` (x, y: top-left corner,
         w, h: crop size, all in field pixels; match_score: best NCC; second_parent,
         second_score: best other field; ambiguous: the second also reaches `min_score`;
         method: vote, coarse, none or flat), and a JSON-ready summary with the agreement.
@@ -525,7 +526,7 @@ def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | No
     if bad and not allow_unmatched:
         raise _unmatched_error(src, index, scored, crops, bad, min_score)
     frame = src.frame.copy()
-    given = [str(v) for v in frame[given_col]] if given_col else None
+    given = ["" if pd.isna(v) else str(v) for v in frame[given_col]] if given_col else None
     if given_col == "parent":
         frame = frame.rename(columns={"parent": "table_parent"})
     frame = pd.concat([frame.drop(columns=[c for c in LOCATED_COLUMNS if c in frame.columns]), located], axis=1)
@@ -560,11 +561,11 @@ def _summary(src: CropSource, index: FieldIndex, located: pd.DataFrame, bad: lis
 def _warn(summary: dict) -> None:
     if summary["n_ambiguous"]:
         a = summary["ambiguous"][0]
-        warnings.warn(f"{summary['n_ambiguous']} crops match two fields at NCC >= {summary['method']['min_score']} "
+        warnings.warn(f"crops matching two fields at NCC >= {summary['method']['min_score']}: {summary['n_ambiguous']} "
                       f"(first: id {a['id']!r} in {a['parent']!r} and {a['second_parent']!r}); flagged in column 'ambiguous'",
                       LocateWarning, stacklevel=3)
     if summary["n_flat"]:
-        warnings.warn(f"{summary['n_flat']} crops are flat (one grey level) and cannot be located by NCC; left unmatched",
+        warnings.warn(f"flat crops (one grey level, which NCC cannot locate): {summary['n_flat']}; left unmatched",
                       LocateWarning, stacklevel=3)
 
 
