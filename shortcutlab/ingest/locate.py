@@ -28,7 +28,9 @@ multiply-adds for 4,000 crops in 1,000 fields of 1024 x 768), so candidates are 
    best fields' peaks.
 
 A crop is matched when its best NCC reaches `min_score` (default 0.9); it is flagged
-`ambiguous` when a second field also reaches it (the same pixels released in two fields).
+`ambiguous` when a second field also reaches it within 0.01 of the best score (the same
+pixels released in two fields); a look-alike elsewhere (cells on a plain background can reach
+NCC 0.9 in another field) scores clearly lower and is only recorded in `second_score`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from shortcutlab.errors import ShortcutlabError
 
 #: NCC a crop must reach in a field to be matched there
 DEFAULT_MIN_SCORE = 0.9
+#: a second field within this NCC of the best (and above the threshold) makes a match ambiguous
+AMBIGUOUS_MARGIN = 0.01
 #: output columns added (or replaced) by `locate`, in order
 LOCATED_COLUMNS = ("parent", "x", "y", "w", "h", "match_score", "second_parent", "second_score", "ambiguous", "method")
 
@@ -431,7 +435,7 @@ def _rows(index: FieldIndex, crops: list[np.ndarray], scored: dict, method: dict
             "match_score": round(best[0], 6) if best is not None else np.nan,
             "second_parent": index.fields[second[1]].name if second is not None else "",
             "second_score": round(second[0], 6) if second is not None else np.nan,
-            "ambiguous": bool(ok and second is not None and second[0] >= min_score),
+            "ambiguous": bool(ok and second is not None and second[0] >= max(min_score, best[0] - AMBIGUOUS_MARGIN)),
             "method": method.get(r, "flat") if ok else ("none" if c.std() > 0 else "flat"),
         })
     frame = pd.DataFrame(out, columns=list(LOCATED_COLUMNS))
@@ -497,7 +501,8 @@ def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | No
         (table, summary): the input columns (those named as a located column are replaced)
         plus `LOCATED_COLUMNS` (x, y: top-left corner,
         w, h: crop size, all in field pixels; match_score: best NCC; second_parent,
-        second_score: best other field; ambiguous: the second also reaches `min_score`;
+        second_score: best other field; ambiguous: the second also reaches `min_score`,
+        within `AMBIGUOUS_MARGIN` of the best;
         method: vote, coarse, none or flat), and a JSON-ready summary with the agreement.
 
     Raises:
@@ -554,14 +559,14 @@ def _summary(src: CropSource, index: FieldIndex, located: pd.DataFrame, bad: lis
         "method": {"match": "normalised cross-correlation (skimage.feature.match_template) on luma",
                    "candidates": f"votes of quantised {_KEY}x{_KEY} block-mean keys (blocks of {index.scale} px, bins of {_BIN} levels), "
                                  f"verified within +-{_RADIUS} px; coarse-to-fine NCC on {index.scale}x block means where votes fail",
-                   "min_score": min_score, "scale": index.scale},
+                   "min_score": min_score, "ambiguous_margin": AMBIGUOUS_MARGIN, "scale": index.scale},
     }
 
 
 def _warn(summary: dict) -> None:
     if summary["n_ambiguous"]:
         a = summary["ambiguous"][0]
-        warnings.warn(f"crops matching two fields at NCC >= {summary['method']['min_score']}: {summary['n_ambiguous']} "
+        warnings.warn(f"crops matching two fields at NCC >= {summary['method']['min_score']} (within {AMBIGUOUS_MARGIN}): {summary['n_ambiguous']} "
                       f"(first: id {a['id']!r} in {a['parent']!r} and {a['second_parent']!r}); flagged in column 'ambiguous'",
                       LocateWarning, stacklevel=3)
     if summary["n_flat"]:
