@@ -556,9 +556,10 @@ def _summary(src: CropSource, index: FieldIndex, located: pd.DataFrame, bad: lis
         "ambiguous": [{"row": int(r), "id": src.ids[r], "parent": located.at[r, "parent"],
                        "second_parent": located.at[r, "second_parent"], "second_score": float(located.at[r, "second_score"])}
                       for r in amb[:10]],
-        "method": {"match": "normalised cross-correlation (skimage.feature.match_template) on luma",
+        "method": {"match": "normalised cross-correlation (as skimage.feature.match_template defines it) on luma, rounded to 0-255",
                    "candidates": f"votes of quantised {_KEY}x{_KEY} block-mean keys (blocks of {index.scale} px, bins of {_BIN} levels), "
-                                 f"verified within +-{_RADIUS} px; coarse-to-fine NCC on {index.scale}x block means where votes fail",
+                                 f"verified within +-{_RADIUS} px; coarse-to-fine NCC on {index.scale}x block means "
+                                 f"for crops the votes miss (see fallback)",
                    "min_score": min_score, "ambiguous_margin": AMBIGUOUS_MARGIN, "scale": index.scale},
     }
 
