@@ -481,6 +481,54 @@ def cmd_siblings(args) -> int:
     print(f"wrote {os.path.join(args.out, 'siblings.csv')}, siblings.json, contact_sheet.png ({summary['seconds']} s)")
     return 0
 
+# --- locate (issue 22): each crop found in the released field images ---------------------------
+def _add_locate_command(sub) -> None:
+    """`shortcutlab locate`: each crop's field (parent) and box, by template matching."""
+    from shortcutlab.ingest.locate import DEFAULT_MIN_SCORE
+
+    p = sub.add_parser("locate", help="find each crop in the released field images: parent, x, y, w, h, match score")
+    p.add_argument("table", help="CSV file, one row per crop, with a crop image path column")
+    p.add_argument("--fields", required=True, metavar="DIR", help="folder of field images (searched recursively; parent = file stem)")
+    p.add_argument("--image", default="path", metavar="COL", help="crop image path column (default path)")
+    p.add_argument("--id", metavar="COL", help="crop id column (default id when there is one, else the row number)")
+    p.add_argument("--parent", metavar="COL", help="the table's own parent column to check against (default parent when there is one)")
+    p.add_argument("--min-score", type=float, default=DEFAULT_MIN_SCORE, metavar="NCC",
+                   help=f"normalised cross-correlation a crop must reach to be matched (default {DEFAULT_MIN_SCORE})")
+    p.add_argument("--allow-unmatched", action="store_true", help="keep crops found in no field (empty parent) instead of failing")
+    p.add_argument("--fallback", choices=("auto", "always", "never"), default="auto",
+                   help="coarse-to-fine NCC over every field for crops the votes miss: auto (only low-texture crops; default), always, never")
+    p.add_argument("--out", required=True, metavar="TABLE.csv", help="the located table; its summary goes beside it as TABLE.json")
+    p.set_defaults(func=cmd_locate)
+
+
+def cmd_locate(args) -> int:
+    from shortcutlab.data.manifest import sidecar_path
+    from shortcutlab.io import OutputError
+    from shortcutlab.ingest.locate import locate, write_located
+
+    if sidecar_path(args.out) == os.fspath(args.out):
+        raise OutputError(f"--out {args.out!r} would be overwritten by its JSON sidecar; name the table *.csv")
+    _check_output_files(args.table, [("--out", args.out), ("the sidecar of --out", sidecar_path(args.out))])
+    frame, summary = locate(args.table, args.fields, image=args.image, id=args.id, parent=args.parent,
+                            min_score=args.min_score, allow_unmatched=args.allow_unmatched, fallback=args.fallback)
+    side = write_located(frame, summary, args.out)
+    methods = ", ".join(f"{v} by {k}" for k, v in sorted(summary["n_by_method"].items()))
+    print(f"located {summary['n_matched']} of {summary['n_crops']} crops in {summary['n_fields']} fields "
+          f"at NCC >= {args.min_score} ({methods}; {summary['seconds']} s)")
+    if summary["n_unmatched"]:
+        print(f"  unmatched: {summary['n_unmatched']} (first: {', '.join(repr(u['id']) for u in summary['unmatched'][:5])})")
+    if summary["n_ambiguous"]:
+        print(f"  in two fields (column ambiguous): {summary['n_ambiguous']} "
+              f"(first: {', '.join(repr(a['id']) for a in summary['ambiguous'][:5])})")
+    a = summary["agreement"]
+    if a is not None:
+        share = "n/a" if a["share"] is None else f"{100 * a['share']:.1f}%"
+        print(f"  table column {a['column']!r} agrees with the located parent for {a['n_agree']} of {a['n_compared']} crops ({share})")
+        for d in a["first_disagreements"]:
+            print(f"    row {d['row']} (id {d['id']!r}): table {d['table']!r}, located {d['located']!r}")
+    print(f"wrote {args.out} and {side}")
+    return 0
+
 
 def _retrain_config(args):
     """The `TrainConfig` of `litmus` / `control`: their training flags (see `_add_retrain_options`)."""
@@ -853,6 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_table_command,
                 _add_crops_command,
                 _add_masks_command,
+                _add_locate_command,
                 ):
         add(sub)
     return parser

@@ -3048,3 +3048,80 @@ def test_i22_p5_train_with_a_misfitting_file_is_one_line_and_leaves_no_run(tmp_p
     assert not os.path.exists(tmp_path / "run")
     line = cli_error([*base, "--input-size", "-3"], capsys)
     assert "input_size must be a positive integer" in line and "-3" in line
+# --- issue 22: P2 locate -----------------------------------------------------------------------
+import numpy as _np22  # noqa: E402
+from PIL import Image as _Image22  # noqa: E402
+
+from shortcutlab.errors import TableError as _TableError22  # noqa: E402
+from shortcutlab.ingest.locate import LocateError as _LocateError22, locate as _locate22  # noqa: E402
+
+
+def _release22(tmp_path, rows=("crops/c.png",), header="id,path\n"):
+    """Two textured 96 x 64 fields, a crop cut from the first, and a table of `rows`."""
+    rng = _np22.random.default_rng(0)
+    (tmp_path / "fields").mkdir(exist_ok=True)
+    (tmp_path / "crops").mkdir(exist_ok=True)
+    for name in ("a", "b"):
+        f = rng.integers(0, 256, size=(64, 96, 3), dtype=_np22.uint8)
+        _Image22.fromarray(f).save(tmp_path / "fields" / f"{name}.png")
+        if name == "a":
+            _Image22.fromarray(f[10:42, 20:52]).save(tmp_path / "crops" / "c.png")
+    _Image22.fromarray(rng.integers(0, 256, size=(32, 32, 3), dtype=_np22.uint8)).save(tmp_path / "crops" / "stray.png")
+    (tmp_path / "crops" / "bad.png").write_bytes(b"not a png")
+    text = header + "".join(f"k{i},{r}\n" for i, r in enumerate(rows))
+    (tmp_path / "t.csv").write_text(text)
+    return str(tmp_path / "t.csv"), str(tmp_path / "fields")
+
+
+def _locate_call22(rows=("crops/c.png",), header="id,path\n", fields=None, **kw):
+    def call(tmp_path):
+        table, fdir = _release22(tmp_path, rows, header)
+        return _locate22(table, fdir if fields is None else str(tmp_path / fields), **kw)
+    return call
+
+
+def _empty_fields22(tmp_path):
+    table, _ = _release22(tmp_path)
+    (tmp_path / "nofields").mkdir()
+    return _locate22(table, str(tmp_path / "nofields"))
+
+
+I22_LOCATE_CASES = [
+    Case("i22-locate-no-image-column", _locate_call22(header="id,file\n"), _LocateError22,
+         ("no image column 'path'", "--image", "columns are: id, file")),
+    Case("i22-locate-missing-crop", _locate_call22(rows=("crops/c.png", "crops/gone.png")), _LocateError22,
+         ("row 1", "id 'k1'", "column 'path'", "'crops/gone.png'", "does not exist")),
+    Case("i22-locate-empty-path", _locate_call22(rows=("crops/c.png", " ")), _LocateError22,
+         ("row 1", "column 'path'", "empty value", "expected a crop image path")),
+    Case("i22-locate-corrupt-crop", _locate_call22(rows=("crops/bad.png",)), _TableError22,
+         ("bad.png", "id 'k0'", "cannot be read as an image")),
+    Case("i22-locate-fields-missing", _locate_call22(fields="nowhere"), _LocateError22,
+         ("--fields folder", "nowhere", "does not exist")),
+    Case("i22-locate-fields-empty", _empty_fields22, _LocateError22,
+         ("--fields folder", "nofields", "holds no image files")),
+    Case("i22-locate-min-score-out-of-range", _locate_call22(min_score=1.5), _LocateError22,
+         ("--min-score", "(0, 1]", "got 1.5")),
+    Case("i22-locate-no-parent-column", _locate_call22(parent="field"), _LocateError22,
+         ("no parent column 'field'", "--parent", "columns are: id, path")),
+    Case("i22-locate-unmatched-crop", _locate_call22(rows=("crops/c.png", "crops/stray.png")), _LocateError22,
+         ("row 1", "id 'k1'", "column 'path'", "'crops/stray.png'", "matched no field at NCC >= 0.9", "--allow-unmatched")),
+]
+
+
+@pytest.mark.parametrize("case", I22_LOCATE_CASES, ids=[c.id for c in I22_LOCATE_CASES])
+def test_i22_locate_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i22_locate_cli_unmatched_leaves_no_output(tmp_path, capsys) -> None:
+    table, fields = _release22(tmp_path, ("crops/c.png", "crops/stray.png"))
+    out = tmp_path / "out" / "located.csv"
+    line = cli_error(["locate", table, "--fields", fields, "--out", str(out)], capsys)
+    assert line.startswith("shortcutlab locate: error:") and "'crops/stray.png'" in line
+    assert not out.exists() and not (tmp_path / "out" / "located.json").exists()
+
+
+def test_i22_locate_cli_refuses_a_json_out(tmp_path, capsys) -> None:
+    table, fields = _release22(tmp_path)
+    line = cli_error(["locate", table, "--fields", fields, "--out", str(tmp_path / "t.json")], capsys)
+    assert "would be overwritten by its JSON sidecar" in line
