@@ -256,3 +256,25 @@ def test_crops_of_the_synthetic_benchmark_are_found_at_their_manifest_box(tmp_pa
     assert table.parent.tolist() == truth.parent.tolist()
     assert table.x.astype(int).tolist() == truth.x.tolist() and table.y.astype(int).tolist() == truth.y.tolist()
     assert summary["n_ambiguous"] == 0
+
+
+def test_crops_kept_inside_the_fields_folder_are_not_their_own_fields(tmp_path):
+    # SIPaKMeD keeps im_<Class>/CROPPED/ inside the folder of its field images: with --fields
+    # pointing at the release, every crop file is under it too. A crop must be found in its
+    # field, not in its own file (which matches it perfectly).
+    rng = np.random.default_rng(5)
+    fields = [smooth_field(rng, 96, 128) for _ in range(3)]
+    os.makedirs(tmp_path / "rel" / "CROPPED")
+    rows = []
+    for i, f in enumerate(fields):
+        Image.fromarray(f).save(tmp_path / "rel" / f"field{i}.png")
+        y, x = 10 + 7 * i, 20 + 5 * i
+        path = f"rel/CROPPED/field{i}_1.png"
+        Image.fromarray(f[y:y + 40, x:x + 40]).save(tmp_path / path)
+        rows.append({"id": f"c{i}", "path": path, "truth": f"field{i}", "x0": x, "y0": y})
+    pd.DataFrame(rows).to_csv(tmp_path / "t.csv", index=False)
+    assert "field0_1" in [f.name for f in list_fields(str(tmp_path / "rel"))]  # without the exclusion they are fields
+    table, summary = locate(str(tmp_path / "t.csv"), str(tmp_path / "rel"))
+    truth = pd.DataFrame(rows)
+    assert list(table.parent) == list(truth.truth) and not table.ambiguous.astype(bool).any()
+    assert list(table.x.astype(int)) == list(truth.x0) and list(table.y.astype(int)) == list(truth.y0)

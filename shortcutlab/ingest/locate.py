@@ -81,8 +81,10 @@ class Field:
     path: str
 
 
-def list_fields(fields_dir: str) -> list[Field]:
-    """Every image file under `fields_dir` (recursively), sorted by relative path.
+def list_fields(fields_dir: str, exclude=()) -> list[Field]:
+    """Every image file under `fields_dir` (recursively), sorted by relative path, but the
+    files in `exclude` (the crops themselves: a release such as SIPaKMeD keeps its crops in a
+    subfolder of the fields' folder, and a crop is not its own field).
 
     Raises:
         LocateError: the folder is missing or holds no image file.
@@ -91,14 +93,17 @@ def list_fields(fields_dir: str) -> list[Field]:
     from shortcutlab.paths import need_folder
 
     need_folder(fields_dir, "--fields folder", LocateError)
+    skip = {os.path.realpath(p) for p in exclude}
     rel = []
     for folder, dirs, files in os.walk(fields_dir):
         dirs.sort()
         for f in sorted(files):
-            if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."):
+            if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".") \
+                    and os.path.realpath(os.path.join(folder, f)) not in skip:
                 rel.append(os.path.relpath(os.path.join(folder, f), fields_dir))
     if not rel:
-        raise LocateError(f"--fields folder {fields_dir!r} holds no image files ({', '.join(IMAGE_EXTENSIONS)}, searched recursively)")
+        raise LocateError(f"--fields folder {fields_dir!r} holds no image files ({', '.join(IMAGE_EXTENSIONS)}, searched recursively)"
+                          + (" besides the crops themselves" if skip else ""))
     stems = [os.path.splitext(os.path.basename(r))[0] for r in rel]
     unique = len(set(stems)) == len(stems)
     return [Field(s if unique else os.path.splitext(r)[0].replace(os.sep, "/"), s, os.path.join(fields_dir, r))
@@ -522,7 +527,7 @@ def locate(table_or_paths, fields_dir: str, *, image: str = "path", id: str | No
     if parent is not None and parent not in src.frame.columns:
         raise LocateError(f"{src.source} has no parent column {parent!r} (--parent); columns are: {', '.join(map(str, src.frame.columns))}")
     given_col = parent if parent is not None else ("parent" if "parent" in src.frame.columns else None)
-    fields = list_fields(fields_dir)
+    fields = list_fields(fields_dir, exclude=src.paths)
     crops = [_load_crop(src, r) for r in range(len(src.paths))]
     index = FieldIndex(fields, choose_scale(min((min(c.shape) for c in crops), default=8)))
     scored, method = _search(index, crops, min_score, fallback)
