@@ -2827,6 +2827,10 @@ def _cut22w(size=10, border="refuse", box=None, **change):
         table = _study22w(tmp_path, **change)
         geometry = {"box": box} if box else {"center": "cx,cy", "size": size}
         return cut_crops(table, "image", str(tmp_path / "out"), border=border, **geometry)
+
+    return call
+
+
 # --- issue 22: P5, fine-tuning from pretrained weights and --input-size ---
 def _imagenet22(tmp_path, arch: str = "test_resnet", edit=None) -> str:
     """A 1000-class random-init state dict of `arch` (one key replaced by `edit`), saved."""
