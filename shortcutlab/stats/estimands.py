@@ -39,6 +39,7 @@ import pandas as pd
 
 from shortcutlab.plugins import Registry
 
+from .bootstrap import DEFAULT_INTERVAL, check_interval
 from .dose import dose_points, dose_response
 from .effects import diversity_effect, intervention_table, protocol_effect
 from .errors import StatsError, StatsWarning
@@ -53,7 +54,7 @@ __all__ = ["ENTRY_POINT_GROUP", "ESTIMATE_COLUMNS", "Estimand", "EstimandContext
 #: Columns of `estimates`' table, in order.
 ESTIMATE_COLUMNS = ["estimand", "family", "condition", "arch", "diversity", "intervention", "estimate",
                     "ci_low", "ci_high", "se", "p_value", "p_holm", "reject", "n_seeds", "n_parents", "n_crops",
-                    "n_boot", "reason"]
+                    "n_boot", "reason", "interval_method"]
 
 ENTRY_POINT_GROUP = "shortcutlab.estimands"
 
@@ -163,6 +164,7 @@ class EstimandContext:
         baseline: the intervention name of the unaltered crops.
         p1, p2: the protocols compared by the protocol effect.
         n_boot, level, seed: the bootstrap (resamples, interval coverage, seed).
+        interval: the interval method ("cgm" or "pigeonhole", `shortcutlab.stats.bootstrap`).
     """
 
     pred: pd.DataFrame
@@ -173,6 +175,7 @@ class EstimandContext:
     n_boot: int = 10_000
     level: float = 0.95
     seed: int = 0
+    interval: str = DEFAULT_INTERVAL
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -199,7 +202,7 @@ class EstimandContext:
         reads them (`prepare_factorial`'s pair)."""
         def draw():
             fac_pred = self.pred[self.pred["condition"].isin(self.factorial_conditions)]
-            return fac_pred, factorial_bootstrap(fac_pred, self.n_boot, self.seed)
+            return fac_pred, factorial_bootstrap(fac_pred, self.n_boot, self.seed, self.interval)
 
         if ("factorial",) not in self._cache:
             self._cache[("factorial",)] = draw()
@@ -259,7 +262,7 @@ def leak_estimand(ctx: EstimandContext) -> pd.DataFrame:
                                   intervention=ctx.baseline, estimate=np.nan, n_boot=0,
                                   reason="no factorial: no prediction with exposure 'leak' or 'clean'")
                              for c in sorted(ctx.pred["condition"].unique())])
-    leak = leak_table(ctx.factorial(), level=ctx.level)
+    leak = leak_table(ctx.factorial(), level=ctx.level, interval=ctx.interval)
     primary = leak["intervention"] == ctx.baseline
     n_arch = leak.groupby("condition")["arch"].transform(lambda a: (a != "pooled").sum())
     head = primary & ((leak["arch"] == "pooled") | (n_arch == 1))
@@ -275,7 +278,7 @@ def diversity_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
     """Clean-high minus clean-low accuracy (`diversity_effect`), family ``diversity:<condition>``."""
     if not ctx.factorial_conditions:
         return None
-    return diversity_effect(ctx.pred, ctx.baseline, **ctx.boot)
+    return diversity_effect(ctx.pred, ctx.baseline, **ctx.boot, interval=ctx.interval)
 
 
 def _interventions(ctx: EstimandContext) -> pd.DataFrame | None:
@@ -286,7 +289,7 @@ def _interventions(ctx: EstimandContext) -> pd.DataFrame | None:
         return None
 
     def compute():
-        inter = intervention_table(ctx.factorial(), baseline=ctx.baseline, level=ctx.level)
+        inter = intervention_table(ctx.factorial(), baseline=ctx.baseline, level=ctx.level, interval=ctx.interval)
         inter["family"] = np.where(inter["estimand"] == "share_removed", "", inter["estimand"] + ":" + inter["condition"])
         return inter
 
@@ -317,7 +320,7 @@ def protocol_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
     architecture), ``protocol:<condition>`` per architecture."""
     if not ctx.pred["protocol"].isin([ctx.p1, ctx.p2]).any():
         return None
-    prot = protocol_effect(ctx.pred, p1=ctx.p1, p2=ctx.p2, intervention=ctx.baseline, **ctx.boot)
+    prot = protocol_effect(ctx.pred, p1=ctx.p1, p2=ctx.p2, intervention=ctx.baseline, **ctx.boot, interval=ctx.interval)
     prot["family"] = np.where(prot["arch"] == "pooled", "protocol", "protocol:" + prot["condition"])
     single = prot.groupby("condition")["arch"].transform("size") == 1
     prot.loc[single, "family"] = "protocol"
@@ -347,7 +350,7 @@ def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
 
 def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *, baseline: str = "none",
               p1: str = "crop", p2: str = "parent", n_boot: int = 10_000, level: float = 0.95, seed: int = 0,
-              alpha: float = 0.05) -> pd.DataFrame:
+              alpha: float = 0.05, interval: str = DEFAULT_INTERVAL) -> pd.DataFrame:
     """Every registered estimand of a sweep in one tidy table, Holm-adjusted within families.
 
     Built-in estimands (rows; all fractions) and their Holm families:
@@ -368,6 +371,12 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
 
     Estimands registered with `register_estimand` follow, in registration order.
 
+    Intervals: ``interval="cgm"`` (default; Cameron-Gelbach-Miller two-way clustering, t with
+    min(seeds, parents) - 1 df, calibrated) or ``"pigeonhole"`` (Owen's two-way bootstrap,
+    percentile, conservative); the slope's one-way seed bootstrap is a percentile interval
+    either way. Column ``interval_method`` records which; fewer than 3 seeds or test parents
+    give no interval (NaN and a `reason`).
+
     A condition with no factorial cells gets no leak rows (e.g. a protocol-only benchmark, as
     CRIC in the paper); one with neither factorial cells nor both protocols, and a sweep with no
     factorial at all, get a NaN row with a `reason`. Degenerate parts (one seed, a cell
@@ -379,7 +388,8 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
     """
     pred = check_predictions(predictions)
     check_unique(pred)
-    ctx = EstimandContext(pred, results, baseline=baseline, p1=p1, p2=p2, n_boot=n_boot, level=level, seed=seed)
+    ctx = EstimandContext(pred, results, baseline=baseline, p1=p1, p2=p2, n_boot=n_boot, level=level, seed=seed,
+                          interval=check_interval(interval))
     parts = [_unused_conditions(ctx)]
     parts += _registered_parts(ctx)
     return _table(parts, alpha)
@@ -433,6 +443,7 @@ def _table(parts: list[pd.DataFrame], alpha: float) -> pd.DataFrame:
         if col not in table.columns:
             table[col] = np.nan
     table["family"] = table["family"].fillna("")
+    table["interval_method"] = table["interval_method"].fillna("")
     table = add_holm(table, family="family", alpha=alpha)
     extra = [c for c in ("baseline", "cost_exceeds_leak") if c in table.columns]
     return table[ESTIMATE_COLUMNS + extra].reset_index(drop=True)
