@@ -828,13 +828,13 @@ def cmd_results(args) -> int:
     accuracy = results_table(args.dir)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StatsWarning)
-        table = estimates_table(args.dir, n_boot=args.n_boot, seed=args.seed)
+        table = estimates_table(args.dir, n_boot=args.n_boot, seed=args.seed, interval=args.interval)
     with _pd_display():
         print("accuracy (mean over models)")
         print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
-        print(f"estimates (percentage points; 95% two-way cluster bootstrap over seeds and test parents, {args.n_boot} resamples; "
-              "p_holm: Holm within the family)")
+        print(f"estimates (percentage points; 95% two-way cluster bootstrap over seeds and test parents, {args.n_boot} resamples, "
+              f"{INTERVAL_TEXT[args.interval]}; p_holm: Holm within the family)")
         print(_estimates_text(table))
     for w in caught:
         print(f"note: {' '.join(str(w.message).split())}")
@@ -876,7 +876,8 @@ def cmd_report(args) -> int:
 
     if args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
-    paths = build_report(args.dir, args.out, n_boot=args.n_boot, seed=args.seed, examples=not args.no_examples,
+    paths = build_report(args.dir, args.out, n_boot=args.n_boot, seed=args.seed, interval=args.interval,
+                         examples=not args.no_examples,
                          device=args.device)
     print(paths["html"])
     return 0
@@ -1067,7 +1068,20 @@ def _add_results_command(sub) -> None:
     r.add_argument("dir", metavar="DIR")
     r.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples (default 10000)")
     r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap draws (default 0)")
+    _add_interval_option(r)
     r.set_defaults(func=cmd_results)
+
+
+#: How `results` names each interval method (`shortcutlab.stats.bootstrap.INTERVAL_METHODS`).
+INTERVAL_TEXT = {"cgm": "Cameron-Gelbach-Miller two-way intervals",
+                 "pigeonhole": "pigeonhole percentile intervals, conservative"}
+
+
+def _add_interval_option(r) -> None:
+    """--interval: the interval method of the estimates."""
+    r.add_argument("--interval", choices=sorted(INTERVAL_TEXT), default="cgm",
+                   help="interval method: cgm (Cameron-Gelbach-Miller two-way clustering, calibrated; default) or "
+                        "pigeonhole (seeds and parents resampled independently, percentile; conservative)")
 
 
 def _add_report_command(sub) -> None:
@@ -1077,6 +1091,7 @@ def _add_report_command(sub) -> None:
     r.add_argument("--out", help="report folder (default DIR/report; replaced whole)")
     r.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the estimates (default 2000)")
     r.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    _add_interval_option(r)
     r.add_argument("--no-examples", action="store_true", help="leave out the example crops (no model is loaded)")
     r.add_argument("--device", default="cpu", help="where the example crops' models run")
     r.set_defaults(func=cmd_report)

@@ -178,7 +178,7 @@ def _check_out(out: str) -> None:
 
 
 def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = None, *, n_boot: int = 2000, seed: int = 0,
-                 level: float = 0.95, examples: bool = True, device: str = "cpu") -> dict:
+                 level: float = 0.95, examples: bool = True, device: str = "cpu", interval: str = "cgm") -> dict:
     """Write the report of a sweep folder: ``report.html`` (self-contained), ``report.md`` with
     ``figures/*.png``, and the tables it reads from (``estimates.csv``, ``validity.csv``).
 
@@ -189,6 +189,7 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         sweep_dir: the sweep folder.
         out: the report folder (new, or an earlier report's).
         n_boot, seed, level: the bootstrap of the estimates (`shortcutlab.stats.estimates`).
+        interval: their interval method ("cgm", default, or "pigeonhole"; `estimates`).
         examples: draw the example crops (loads two models; CPU, a few crops).
         device: where the example models run.
 
@@ -208,10 +209,10 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
     pred = folder.predictions
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        est = estimates(pred, None, n_boot=n_boot, level=level, seed=seed)
+        est = estimates(pred, None, n_boot=n_boot, level=level, seed=seed, interval=interval)
         sections, vtable = _sections(folder, est, n_boot, seed, level, examples, device)
     caught = _caught(w)
-    intro = _intro(folder, n_boot, seed, level)
+    intro = _intro(folder, n_boot, seed, level, interval)
     html_text = to_html(TITLE, intro, sections, caught)
     md_text = to_markdown(TITLE, intro, sections, caught)
     return _write(out, sections, est, vtable, html_text, md_text)
@@ -280,7 +281,12 @@ def _caught(records) -> list[str]:
     return caught
 
 
-def _intro(folder: SweepFolder, n_boot: int, seed: int, level: float) -> list[str]:
+#: How the introduction names each interval method of the estimates.
+INTERVAL_INTRO = {"cgm": "two-way (Cameron-Gelbach-Miller) cluster-bootstrap intervals",
+                  "pigeonhole": "percentile pigeonhole bootstrap (conservative)"}
+
+
+def _intro(folder: SweepFolder, n_boot: int, seed: int, level: float, interval: str = "cgm") -> list[str]:
     """The report's opening paragraphs: what the sweep holds, how intervals are made."""
     pred, results = folder.predictions, folder.results
     n_models = pred["model"].nunique()
@@ -290,7 +296,8 @@ def _intro(folder: SweepFolder, n_boot: int, seed: int, level: float) -> list[st
         f"({', '.join(sorted(map(str, pred['condition'].unique())))}), {pred['seed'].nunique()} seed(s), "
         f"{pred['intervention'].nunique() - 1 if 'none' in set(pred['intervention']) else pred['intervention'].nunique()} "
         f"intervention setting(s); {'a results table with ' + str(len(results)) + ' rows' if results is not None else 'no results table'}.",
-        f"Intervals: {level * 100:.0f}% percentile bootstrap over seeds and test parents ({n_boot} resamples, seed {seed}); "
+        f"Intervals: {level * 100:.0f}% {INTERVAL_INTRO.get(interval, interval)} over seeds and test parents "
+        f"({n_boot} resamples, seed {seed}); none from fewer than 3 seeds or test parents; "
         f"effects in percentage points (pp)." + (f" Versions: {', '.join(f'{k} {x}' for k, x in sorted(v.items()))}." if v else ""),
     ]
 

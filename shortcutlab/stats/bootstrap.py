@@ -213,7 +213,7 @@ def cgm_summary(estimate: float, reps: np.ndarray, level: float = 0.95, df: floa
         why the interval is NaN or how V was formed); NaN interval, se and p where a block has
         fewer than 2 finite resamples, V is not finite, or the resamples do not vary.
     """
-    from scipy import stats
+    from scipy import special
 
     reps = np.asarray(reps, dtype=np.float64).reshape(len(CGM_SCHEMES), -1)
     fin = [r[np.isfinite(r)] for r in reps]
@@ -233,9 +233,11 @@ def cgm_summary(estimate: float, reps: np.ndarray, level: float = 0.95, df: floa
         var = max(v_seed, v_parent)
         note = "two-way variance V_seed + V_parent - V_seed x parent not positive: the larger one-way variance used"
     se = float(np.sqrt(var))
-    dist = stats.t(df) if df is not None and np.isfinite(df) and df >= 1 else stats.norm
-    q = float(dist.ppf(0.5 + level / 2))
-    p = float(2 * dist.sf(abs(estimate) / se))
+    z = abs(estimate) / se
+    if df is not None and np.isfinite(df) and df >= 1:
+        q, p = float(special.stdtrit(df, 0.5 + level / 2)), float(2 * special.stdtr(df, -z))
+    else:
+        q, p = float(special.ndtri(0.5 + level / 2)), float(2 * special.ndtr(-z))
     return dict(ci_low=estimate - q * se, ci_high=estimate + q * se, se=se, p_value=min(1.0, p), n_boot=B, note=note)
 
 

@@ -326,11 +326,12 @@ def read_predictions(out_dir: str) -> pd.DataFrame:
     return pred
 
 
-def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
+def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, interval: str = "cgm") -> pd.DataFrame:
     """The estimates of a sweep folder (`shortcutlab.stats.estimates` on its predictions and
     results tables): leak effects, leak cuts and clean costs per intervention, the protocol
     effect and the dose-response slope, each with its two-way cluster-bootstrap interval,
-    p-value and Holm-adjusted p within its family.
+    p-value and Holm-adjusted p within its family; `interval` the interval method ("cgm" or
+    "pigeonhole", `shortcutlab.stats.estimates`).
 
     Raises:
         SweepError: the folder is missing or holds no readable predictions.parquet.
@@ -339,7 +340,7 @@ def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0) -> pd.Dat
 
     pred = read_predictions(out_dir)
     results = _read_parquet(out_dir, "results", required=False)
-    return estimates(pred, results, n_boot=n_boot, seed=seed)
+    return estimates(pred, results, n_boot=n_boot, seed=seed, interval=interval)
 
 
 def results_table(out_dir: str) -> pd.DataFrame:
