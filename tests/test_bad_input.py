@@ -3129,3 +3129,36 @@ def test_i22_locate_cli_refuses_a_json_out(tmp_path, capsys) -> None:
     table, fields = _release22(tmp_path)
     line = cli_error(["locate", table, "--fields", fields, "--out", str(tmp_path / "t.json")], capsys)
     assert "would be overwritten by its JSON sidecar" in line
+
+
+# --- I23-INTERVALS (issue 23, item 1: the interval method of the estimates) -----------------------
+
+
+def _i23iv_call(fn_name: str, **kw):
+    def call(tmp_path):
+        import shortcutlab.stats as st
+
+        getattr(st, fn_name)(_predictions(), n_boot=10, interval="wild", **kw)
+
+    return call
+
+
+I23IV_CASES = [
+    Case(f"i23iv-{name}-unknown-interval", _i23iv_call(name), StatsError,
+         ("interval method", "'wild'", "expected one of", "cgm", "pigeonhole"))
+    for name in ("leak_effect", "intervention_effect", "protocol_effect", "estimates")
+]
+
+
+@pytest.mark.parametrize("case", I23IV_CASES, ids=[c.id for c in I23IV_CASES])
+def test_i23iv_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i23iv_cli_results_refuses_an_unknown_interval(tmp_path, capsys) -> None:
+    from shortcutlab.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["results", str(tmp_path), "--interval", "wild"])
+    assert info.value.code == 2
+    assert "invalid choice: 'wild'" in capsys.readouterr().err

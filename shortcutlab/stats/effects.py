@@ -216,6 +216,7 @@ def diversity_effect(pred, baseline, n_boot, level, seed, interval: str = DEFAUL
         Rows as in `leak_effect` plus ``family`` (``diversity:<condition>``), estimand
         'diversity', diversity 'high-low'.
     """
+    check_interval(interval)
     rows = []
     clean = pred[(pred["exposure"] == "clean") & (pred["intervention"] == baseline)]
     for condition, sub in clean.groupby("condition", sort=True):
