@@ -151,10 +151,16 @@ def split_label(s: dict) -> str:
 
 
 def _split_entry(s: dict, path: str) -> dict:
+    """One split's hashes; a manifest that no longer reads as one (edited on disk) keeps its
+    file hash, which then differs from the registered one, and an empty content hash."""
     from shortcutlab.data.manifest import SplitManifest
 
+    try:
+        content = SplitManifest.read(path).hash
+    except ShortcutlabError:
+        content = ""
     return {"split": s["split"], "condition": s["condition"], "seed": s["seed"], "protocol": s["protocol"],
-            "params": s["params"], "sha256": file_sha256(path), "content_sha256": SplitManifest.read(path).hash}
+            "params": s["params"], "sha256": file_sha256(path), "content_sha256": content}
 
 
 def split_hashes(plan: Plan, sweep_dir: str | None = None) -> list[dict]:
@@ -272,18 +278,31 @@ def _leaf_diffs(path: str, old: Any, new: Any, out: list[str]) -> None:
         out.append(f"{path}: {json.dumps(old)[:60]} registered, {json.dumps(new)[:60]} now")
 
 
+def _split_key(s: dict) -> tuple:
+    return (str(s.get("condition")), s.get("seed"), str(s.get("protocol")))
+
+
 def _split_diffs(old: list[dict], new: list[dict]) -> list[str]:
+    """Each split is matched with its registered one by its task id, else (its parameters
+    changed) by condition, seed and protocol where that names one registered split."""
     reg = {s.get("split"): s for s in old if isinstance(s, dict)}
     now = {s["split"]: s for s in new}
-    out = []
+    by_key: dict[tuple, list[dict]] = {}
+    for r in reg.values():
+        by_key.setdefault(_split_key(r), []).append(r)
+    out, matched = [], set()
     for sid, s in now.items():
         r = reg.get(sid)
+        if r is None and len(by_key.get(_split_key(s), [])) == 1 and len([x for x in now.values() if _split_key(x) == _split_key(s)]) == 1:
+            r = by_key[_split_key(s)][0]
         if r is None:
             out.append(f"split manifest {split_label(s)} is not in the registration (its task {sid} was not planned then)")
-        elif r.get("sha256") != s["sha256"]:
+            continue
+        matched.add(r.get("split"))
+        if r.get("sha256") != s["sha256"]:
             out.append(f"split manifest {split_label(s)} differs from the registration: sha256 {_short(r.get('sha256'))} "
                        f"registered, {_short(s['sha256'])} now")
-    gone = [r for sid, r in reg.items() if sid not in now]
+    gone = [r for sid, r in reg.items() if sid not in matched]
     if gone:
         out.append(f"{len(gone)} registered split manifest(s) are no longer planned (first: {split_label(gone[0])})")
     return out
