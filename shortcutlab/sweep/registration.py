@@ -321,8 +321,11 @@ def registration_diffs(registered: dict, now: dict) -> list[str]:
     c_old, c_new = registered["config"], now["config"]
     if c_old.get("sha256") != c_new["sha256"]:
         leaves: list[str] = []
-        _leaf_diffs("", c_old.get("resolved"), c_new["resolved"], leaves)
-        out.append("the resolved config differs" + (f" at {'; '.join(leaves[:3])}" if leaves else ""))
+        # the analysis settings are named above, key by key
+        _leaf_diffs("", {k: v for k, v in (c_old.get("resolved") or {}).items() if k != "analysis"},
+                    {k: v for k, v in c_new["resolved"].items() if k != "analysis"}, leaves)
+        if leaves or not out:
+            out.append("the resolved config differs" + (f" at {', '.join(leaves[:3])}" if leaves else ""))
     elif c_old.get("file_sha256") != c_new["file_sha256"]:
         out.append(f"the config file's bytes differ (sha256 {_short(c_old.get('file_sha256'))} registered, "
                    f"{_short(c_new['file_sha256'])} now; the resolved config is the same: a comment or the layout changed)")
