@@ -847,7 +847,8 @@ def cmd_results(args) -> int:
     if args.n_boot is not None and args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
     accuracy = results_table(args.dir)
-    settings = sweep_analysis(args.dir, n_boot=args.n_boot, seed=args.seed)
+    # a flag given overrides the config's analysis: (an --interval option, where there is one, too)
+    settings = sweep_analysis(args.dir, n_boot=args.n_boot, seed=args.seed, interval=getattr(args, "interval", None))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StatsWarning)
         table = estimates_table(args.dir, analysis=settings)
@@ -904,7 +905,8 @@ def cmd_report(args) -> int:
 
     if args.n_boot is not None and args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
-    settings = sweep_analysis(args.dir, n_boot=args.n_boot, seed=args.seed) if os.path.isdir(args.dir) else {}
+    settings = (sweep_analysis(args.dir, n_boot=args.n_boot, seed=args.seed, interval=getattr(args, "interval", None))
+                if os.path.isdir(args.dir) else {})
     if not settings.get("from_config"):  # the report's own defaults (fewer resamples than `results`)
         settings = None
     paths = build_report(args.dir, args.out, n_boot=2000 if args.n_boot is None else args.n_boot, seed=args.seed or 0,
