@@ -169,7 +169,7 @@ def test_results_state_that_every_result_matched_and_use_the_configs_analysis(re
     root, config, reg, out = registered
     assert main(["results", out]) == 0
     text = capsys.readouterr().out
-    assert f"Registration {_sha(reg)[:12]}...: every result matched its registered split hash (2 split(s))." in text
+    assert f"Registration {_sha(reg)[:12]}...: every result matched its registered split hash (2 split(s), 4 model(s))." in text
     assert "200 resamples, seed 3, settings from the config's analysis" in text
     assert main(["results", out, "--n-boot", "50"]) == 0  # a flag overrides the config
     assert "50 resamples, seed 3" in capsys.readouterr().out
@@ -186,11 +186,30 @@ def test_results_list_a_split_whose_hash_differs_and_say_not_registered_without_
         json.dump(splits, f)
     assert main(["results", copy]) == 0
     text = capsys.readouterr().out
-    assert (f"1 of 2 split(s) did not match the registered split hash: condition=color seed={splits[0]['seed']} "
-            f"protocol=factorial (sha256 {registered_sha[:12]}... registered, ffffffffffff... now)") in text
+    assert (f"not every result matched its registered split hash (2 split(s), 4 model(s)); 1 differ: split condition=color "
+            f"seed={splits[0]['seed']} protocol=factorial (sha256 {registered_sha[:12]}... registered, ffffffffffff... now)") in text
     os.remove(os.path.join(copy, "registration.json"))
     assert main(["results", copy]) == 0
     assert "Registration: not registered" in capsys.readouterr().out
+
+
+def test_results_list_a_model_whose_rows_carry_another_split_hash(registered, tmp_path, capsys):
+    import pandas as pd
+
+    root, config, reg, out = registered
+    copy = str(tmp_path / "copy")
+    shutil.copytree(out, copy)
+    path = os.path.join(copy, "predictions.parquet")
+    pred = pd.read_parquet(path)
+    model = sorted(pred["model"].unique())[0]
+    seed = int(pred.loc[pred["model"] == model, "seed"].iloc[0])
+    registered_sha = pred.loc[pred["model"] == model, "split_sha256"].iloc[0]
+    pred.loc[pred["model"] == model, "split_sha256"] = "e" * 64
+    pred.to_parquet(path, index=False)
+    assert main(["results", copy]) == 0
+    text = capsys.readouterr().out
+    assert (f"not every result matched its registered split hash (2 split(s), 4 model(s)); 1 differ: model {model} (seed {seed}: sha256 "
+            f"{registered_sha[:12]}... registered, eeeeeeeeeeee... in its rows)") in text
 
 
 def test_the_report_states_the_registration(registered, tmp_path):
@@ -199,7 +218,7 @@ def test_the_report_states_the_registration(registered, tmp_path):
     root, config, reg, out = registered
     paths = build_report(out, str(tmp_path / "report"), n_boot=20, examples=False)
     md = open(paths["markdown"], encoding="utf-8").read()
-    assert "every result matched its registered split hash (2 split(s))" in md
+    assert "every result matched its registered split hash (2 split(s), 4 model(s))" in md
     html = open(paths["html"], encoding="utf-8").read()
     assert "every result matched its registered split hash" in html
 

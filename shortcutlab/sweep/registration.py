@@ -424,12 +424,14 @@ def estimates_options(settings: dict) -> tuple[dict, list[str]]:
 # ------------------------------------------------------------------------------- statement
 def registration_statement(sweep_dir: str | os.PathLike) -> str:
     """Whether every result of a sweep folder matched its registered split hash: the content
-    hash of each split the sweep recorded (``splits.json``) against the registration the sweep
-    folder keeps (``registration.json``); 'not registered' without one.
+    hash of each split the sweep recorded (``splits.json``), and the ``split_sha256`` each
+    model's rows carry in ``predictions.parquet``, against the registration the sweep folder
+    keeps (``registration.json``); 'not registered' without one.
 
     Returns:
-        One sentence: 'every result matched its registered split hash (N splits)', or the
-        splits that did not (named, both hashes), or 'not registered (...)'.
+        One sentence: 'every result matched its registered split hash (N splits, M models)',
+        or 'not every result matched ...' and the splits and models that did not (named, both
+        hashes), or 'not registered'.
     """
     layout = SweepLayout(os.fspath(sweep_dir))
     if not os.path.isfile(layout.registration):
@@ -445,12 +447,34 @@ def registration_statement(sweep_dir: str | os.PathLike) -> str:
         r = reg.get(s.get("split"))
         if r is None or r.get("content_sha256") != s.get("sha256"):
             was = _short(r.get("content_sha256")) if r else "none"
-            bad.append(f"{split_label(s)} (sha256 {was} registered, {_short(s.get('sha256'))} now)")
+            bad.append(f"split {split_label(s)} (sha256 {was} registered, {_short(s.get('sha256'))} now)")
+    models, bad_models = _model_hashes(layout, reg)
+    bad += bad_models
     sha = file_sha256(layout.registration)
+    counted = f"{len(splits)} split(s)" + (f", {models} model(s)" if models is not None else "")
     if not bad:
-        return f"Registration {_short(sha)}: every result matched its registered split hash ({len(splits)} split(s))."
-    return (f"Registration {_short(sha)}: {len(bad)} of {len(splits)} split(s) did not match the registered split hash: "
-            + "; ".join(bad) + ".")
+        return f"Registration {_short(sha)}: every result matched its registered split hash ({counted})."
+    return (f"Registration {_short(sha)}: not every result matched its registered split hash ({counted}); {len(bad)} differ: "
+            + "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "") + ".")
+
+
+def _model_hashes(layout: SweepLayout, reg: dict) -> tuple[int | None, list[str]]:
+    """The models of predictions.parquet (None when it cannot be read) and those whose rows
+    carry a split hash other than their split's registered one."""
+    import pandas as pd
+
+    try:
+        pred = pd.read_parquet(layout.table("predictions"), columns=["model", "seed", "split_id", "split_sha256"])
+    except Exception:  # noqa: BLE001 - no or an unreadable table: the splits alone are checked
+        return None, []
+    pairs = pred.drop_duplicates(["model", "split_id", "split_sha256"])
+    bad = []
+    for r in pairs.itertuples(index=False):
+        want = (reg.get(r.split_id) or {}).get("content_sha256")
+        if r.split_id and want != r.split_sha256:
+            bad.append(f"model {r.model} (seed {r.seed}: sha256 {_short(want) if want else 'none'} registered, "
+                       f"{_short(r.split_sha256)} in its rows)")
+    return int(pred["model"].nunique()), bad
 
 
 def _read_list(path: str) -> list | None:
