@@ -796,7 +796,14 @@ def cmd_sweep(args) -> int:
         cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)), limits=limits)
     if args.workers is not None and args.workers < 1:
         raise ShortcutlabError(f"--workers must be a positive integer; got {args.workers}")
+    registration = None
+    if args.registration:  # checked before anything is written (a dry run too)
+        from shortcutlab.sweep.registration import check_registration
+
+        registration = check_registration(cfg, args.registration, config_path=args.config, sweep_dir=args.out)
     if args.dry_run:
+        if registration:
+            print(f"the sweep matches its registration {args.registration}")
         summary = run_sweep(cfg, args.out, dry_run=True)
         for t in summary["tasks"]:
             print(f"  {'done' if t['done'] else '    '}  {t['kind']:<10} {t['id']}  {t['params']}")
@@ -807,11 +814,6 @@ def cmd_sweep(args) -> int:
                   "again (the device is part of a train task's id: results can differ across devices)")
         return 0
     _check_output_folder(args.out, "--out")
-    registration = None
-    if args.registration:
-        from shortcutlab.sweep.registration import check_registration
-
-        registration = check_registration(cfg, args.registration, config_path=args.config, sweep_dir=args.out)
     summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet, registration=registration)
     ran = summary["n_tasks"] - sum(summary["done_before"].values())
     print(f"sweep: {summary['n_tasks']} tasks ({ran} run now, {summary['n_tasks'] - ran} already done), "
@@ -827,7 +829,7 @@ def cmd_register(args) -> int:
     """`shortcutlab register`: hash what the sweep of a config fixes before any model is trained."""
     from shortcutlab.sweep.registration import register
 
-    rec = register(args.config, args.out, limits=_sweep_limits(args.limit))
+    rec = register(args.config, args.out, limits=_sweep_limits(args.limit), device=args.device)
     a = rec["analysis"]["settings"]
     print(f"registered {args.config}: {len(rec['splits'])} split manifest(s), {rec['design']['n_tasks']} planned tasks, "
           f"analysis n_boot={a['n_boot']} seed={a['seed']} level={a['level']} interval={a['interval']} alpha={a['alpha']}, "
@@ -858,7 +860,7 @@ def cmd_results(args) -> int:
         print()
         print(f"estimates (percentage points; {settings['level'] * 100:g}% two-way cluster bootstrap over seeds and test parents, "
               f"{settings['n_boot']} resamples, seed {settings['seed']}"
-              + (", settings from the config's analysis:" if settings["from_config"] else "") + "; p_holm: Holm within the family)")
+              + (", settings from the config's analysis section" if settings["from_config"] else "") + "; p_holm: Holm within the family)")
         print(_estimates_text(table))
     print(registration_statement(args.dir))
     for note in estimates_options(settings)[1]:
@@ -1105,6 +1107,7 @@ def _add_register_command(sub) -> None:
     r.add_argument("config", metavar="CONFIG.yaml")
     r.add_argument("--out", required=True, metavar="REGISTRATION.json", help="the registration file (JSON)")
     r.add_argument("--limit", action="append", metavar="NAME=N", help="raise or lower a cap, as for `sweep`")
+    r.add_argument("--device", help="override the config's device, as `sweep --device` will (it is part of the design)")
     r.set_defaults(func=cmd_register)
 
 

@@ -170,7 +170,7 @@ def test_results_state_that_every_result_matched_and_use_the_configs_analysis(re
     assert main(["results", out]) == 0
     text = capsys.readouterr().out
     assert f"Registration {_sha(reg)[:12]}...: every result matched its registered split hash (2 split(s), 4 model(s))." in text
-    assert "200 resamples, seed 3, settings from the config's analysis" in text
+    assert "200 resamples, seed 3, settings from the config's analysis section" in text
     assert main(["results", out, "--n-boot", "50"]) == 0  # a flag overrides the config
     assert "50 resamples, seed 3" in capsys.readouterr().out
 
@@ -212,15 +212,28 @@ def test_results_list_a_model_whose_rows_carry_another_split_hash(registered, tm
             f"{registered_sha[:12]}... registered, eeeeeeeeeeee... in its rows)") in text
 
 
-def test_the_report_states_the_registration(registered, tmp_path):
-    from shortcutlab.report import build_report
+def test_the_report_states_the_registration_and_uses_the_configs_analysis(registered, tmp_path, capsys):
+    import pandas as pd
 
     root, config, reg, out = registered
-    paths = build_report(out, str(tmp_path / "report"), n_boot=20, examples=False)
-    md = open(paths["markdown"], encoding="utf-8").read()
+    report = tmp_path / "report"
+    assert main(["report", out, "--no-examples", "--out", str(report)]) == 0
+    md = (report / "report.md").read_text(encoding="utf-8")
     assert "every result matched its registered split hash (2 split(s), 4 model(s))" in md
-    html = open(paths["html"], encoding="utf-8").read()
-    assert "every result matched its registered split hash" in html
+    assert "(200 resamples, seed 3)" in md and "The estimates use the config's analysis section" in md
+    assert "every result matched its registered split hash" in (report / "report.html").read_text(encoding="utf-8")
+    est = pd.read_csv(report / "estimates.csv")
+    assert set(est.loc[est["n_boot"] > 0, "n_boot"]) == {200}  # the config's n_boot reached the bootstrap
+
+
+def test_a_dry_run_checks_the_registration_and_writes_nothing(registered, tmp_path, capsys):
+    root, config, reg, out = registered
+    new = tmp_path / "new"
+    assert main(["sweep", config, "--out", str(new), "--registration", reg, "--dry-run"]) == 0
+    assert "the sweep matches its registration" in capsys.readouterr().out and not new.exists()
+    line = _error(["sweep", _write(tmp_path, dict(TINY, seeds=[0])), "--out", str(new), "--registration", reg, "--dry-run"], capsys)
+    assert "1 registered split manifest(s) are no longer planned (first: condition=color seed=1 protocol=factorial)" in line
+    assert not new.exists()
 
 
 def test_a_sweep_resumed_without_its_registration_is_no_longer_registered(registered, tmp_path, capsys):

@@ -214,7 +214,7 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         est = _estimates(pred, analysis, n_boot, seed, level)
         sections, vtable = _sections(folder, est, n_boot, seed, level, examples, device)
     caught = _caught(w)
-    intro = _intro(folder, n_boot, seed, level) + [_registration_line(folder.path)]
+    intro = _intro(folder, n_boot, seed, level) + [_registration_line(folder.path, analysis)]
     html_text = to_html(TITLE, intro, sections, caught)
     md_text = to_markdown(TITLE, intro, sections, caught)
     return _write(out, sections, est, vtable, html_text, md_text)
@@ -236,11 +236,16 @@ def _estimates(pred: pd.DataFrame, analysis: dict | None, n_boot: int, seed: int
     return est
 
 
-def _registration_line(path: str) -> str:
-    """The report's statement on the registration (`sweep.registration.registration_statement`)."""
-    from shortcutlab.sweep.registration import registration_statement
+def _registration_line(path: str, analysis: dict | None = None) -> str:
+    """The report's statement on the registration (`sweep.registration.registration_statement`),
+    with the config's analysis settings that this version of the estimates could not apply."""
+    from shortcutlab.sweep.registration import estimates_options, registration_statement
 
-    return registration_statement(path)
+    notes = estimates_options(analysis)[1] if analysis is not None else []
+    line = registration_statement(path)
+    if analysis is not None:
+        line += " The estimates use the config's analysis section" + (": " + "; ".join(notes) if notes else "") + "."
+    return line
 
 
 def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, level: float, examples: bool,

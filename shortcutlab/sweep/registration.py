@@ -211,7 +211,7 @@ def build_registration(cfg: SweepConfig, config_path: str | None = None, plan: P
     }
 
 
-def register(config: str | os.PathLike, out: str | os.PathLike, limits: dict | None = None) -> dict:
+def register(config: str | os.PathLike, out: str | os.PathLike, limits: dict | None = None, device: str | None = None) -> dict:
     """Register a sweep config: build its record (`build_registration`) and write it to `out`
     atomically (a temporary name renamed into place).
 
@@ -219,15 +219,22 @@ def register(config: str | os.PathLike, out: str | os.PathLike, limits: dict | N
         config: the YAML sweep config.
         out: the registration file (JSON).
         limits: caps over the config's (`load_config`).
+        device: overrides the config's device, as ``sweep --device`` will (the device is part
+            of a train task's id, so a sweep run with another device differs from its
+            registration).
 
     Returns:
         The record written.
     """
     from shortcutlab.io import check_writable
+    from shortcutlab.sweep.config import validate
 
     out = os.fspath(out)
     check_writable(out)
     cfg = load_config(config, limits=limits)
+    if device:
+        cfg = validate(dict(cfg.raw, device=device), source=cfg.source, base_dir=os.path.dirname(os.path.abspath(config)),
+                       limits=limits)
     record = build_registration(cfg, os.fspath(config))
     write_json(out, record)
     return record
