@@ -300,3 +300,33 @@ def test_estimates_options_pass_families_and_the_method_only_where_estimates_tak
     kw, notes = estimates_options(settings)
     assert kw == {"n_boot": 7, "seed": 1, "level": 0.9, "alpha": 0.1, "method": "cgm", "families": {"F": ["H1"]}}
     assert notes == []
+
+
+def test_family_labels_are_checked_by_the_statistics_and_their_families_are_the_default(monkeypatch):
+    """Where the statistics name the hypotheses (`shortcutlab.stats.hypotheses`, issue 23 item
+    2), a family label they do not know is a config error at its key path, and the registered
+    default families are theirs; a stand-in module plays them here, so the test holds before
+    and after that module arrives."""
+    import sys
+    import types
+
+    from shortcutlab.stats import StatsError
+    from shortcutlab.sweep.config import SweepConfigError, validate
+    from shortcutlab.sweep.registration import analysis_settings
+
+    fake = types.ModuleType("shortcutlab.stats.hypotheses")
+    fake.PAPER_FAMILIES = {"primary": ("H1",), "study": ("H2", "H3")}
+
+    def check_families(families, labels=()):
+        unknown = [x for v in families.values() for x in v if x not in ("H1", "H2", "H3")]
+        if unknown:
+            raise StatsError(f"families: unknown hypothesis label(s) {unknown[0]!r}; known: H1, H2, H3")
+
+    fake.check_families = check_families
+    monkeypatch.setitem(sys.modules, "shortcutlab.stats.hypotheses", fake)
+    bare = {k: v for k, v in TINY.items() if k != "analysis"}
+    with pytest.raises(SweepConfigError, match=r"analysis\.families: unknown hypothesis label\(s\) 'H9'; known: H1, H2, H3"):
+        validate(dict(bare, analysis={"families": {"primary": ["H1"], "other": ["H9"]}}))
+    assert analysis_settings(validate(bare))["families"] == {"primary": ["H1"], "study": ["H2", "H3"]}
+    given = {"a": ["H1", "H2"], "b": ["H3"]}
+    assert analysis_settings(validate(dict(bare, analysis={"families": given})))["families"] == given

@@ -120,7 +120,8 @@ def estimates_default(name: str) -> Any:
 def analysis_settings(cfg: SweepConfig) -> dict:
     """The analysis a sweep registers: its `analysis:` mapping with every default filled in
     (`ANALYSIS_DEFAULTS`; `estimands`: every registered estimand, `interval`: the estimates'
-    default method, `families`: null for the estimates' own families).
+    default method, `families`: the paper's registered families where the statistics name them
+    (``shortcutlab.stats.hypotheses.PAPER_FAMILIES``), else null for the estimates' own).
     """
     from shortcutlab.stats import available_estimands
 
@@ -129,6 +130,14 @@ def analysis_settings(cfg: SweepConfig) -> dict:
         a["estimands"] = available_estimands()
     if a["interval"] is None:
         a["interval"] = estimates_default("method") or estimates_default("interval") or LEGACY_INTERVAL
+    if a["families"] is None:  # the statistics' registered families, where they name them
+        import importlib
+
+        try:
+            paper = importlib.import_module("shortcutlab.stats.hypotheses").PAPER_FAMILIES
+            a["families"] = {k: list(v) for k, v in paper.items()}
+        except (ImportError, AttributeError):
+            pass
     return a
 
 
