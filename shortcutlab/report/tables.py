@@ -12,6 +12,9 @@ import pandas as pd
 
 from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, headline_arch, intervention_rows, moves_verdict,
                                          removal_verdict, suppliers)
+from shortcutlab.stats import get_estimand
+from shortcutlab.stats.hypotheses import registered_tests
+from shortcutlab.stats.units import format_interval, format_value, is_nan
 
 PAIR_KEYS = ["condition", "arch", "diversity", "seed"]
 
@@ -443,3 +446,35 @@ def audit_card(manifest: str, split: str, columns: dict | None = None, geometry:
         if not s.empty:
             card["siblings_share"] = float(s["value"].mean())
     return card
+
+
+# --- the registered tests (the paper's Table 2) ---------------------------------------------------
+
+def _p_text(p) -> str:
+    """A p-value as the paper prints it: '<0.001', else three decimals; '' for no test."""
+    if p is None or not np.isfinite(p):
+        return ""
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def registered_table(est: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """The estimates' registered tests as display strings, in the paper's order (Table 2):
+    hypothesis, test, condition, estimate and interval in the estimand's unit, p, p_holm, the
+    Holm family and whether it is rejected at the family-wise level (a row without an interval
+    says why instead: never a degenerate [x, x]). Empty when no row carries a hypothesis."""
+    rows = registered_tests(est)
+    out = []
+    for r in rows.to_dict("records"):
+        unit = get_estimand(str(r["estimand"])).unit
+        interval = format_interval(r["ci_low"], r["ci_high"], unit, level)
+        if interval == "no interval" and r.get("reason"):
+            interval = f"no interval: {r['reason']}"
+        what = r["name"] + (f" ({r['intervention']})" if r["estimand"] in ("leak_cut", "leak_cut_pooled") else "")
+        what += f" [{r['recipe']}]" if str(r.get("recipe") or "") not in ("", "nan") else ""
+        tested = not is_nan(r["p_holm"])
+        out.append({"hypothesis": r["hypothesis"], "test": what, "condition": r["condition"],
+                    "estimate": format_value(r["estimate"], unit), "interval": interval, "p": _p_text(r["p_value"]),
+                    "p_holm": _p_text(r["p_holm"]), "family": r["family"],
+                    "reject": ("yes" if r["reject"] else "no") if tested else ""})
+    return pd.DataFrame(out, columns=["hypothesis", "test", "condition", "estimate", "interval", "p", "p_holm", "family",
+                                      "reject"])

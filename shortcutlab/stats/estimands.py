@@ -483,7 +483,8 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
     parts += _registered_parts(ctx)
 
     def label(table):
-        return assign_hypotheses(table, hypotheses, families, baseline=baseline, baseline_recipe=baseline_recipe)
+        return assign_hypotheses(table, hypotheses, families, baseline=baseline, baseline_recipe=baseline_recipe,
+                                 conditions=list(dict.fromkeys(pred["condition"].astype(str))))
 
     return _table(parts, alpha, label)
 

@@ -129,13 +129,15 @@ def check_families(families: Mapping | None, labels: Sequence[str] = ()) -> dict
     return where
 
 
-def default_hypotheses(table: pd.DataFrame, *, baseline_recipe: str | None = None) -> dict:
+def default_hypotheses(table: pd.DataFrame, *, baseline_recipe: str | None = None,
+                       conditions: Sequence[str] = ()) -> dict:
     """The paper's labels for the rows a sweep produces (see the module docstring), as
-    selectors of `table` (an estimates table without labels)."""
+    selectors of `table` (an estimates table without labels); `conditions` gives the order
+    of the benchmarks (H1 the first with a protocol effect; the rest in the table's order)."""
     est = table["estimand"].astype(str)
     sel: dict[str, dict] = {}
-    prot = table.loc[(est == "protocol") & table["estimate"].notna(), "condition"].astype(str)
-    conditions = list(dict.fromkeys(prot))
+    prot = set(table.loc[(est == "protocol") & table["estimate"].notna(), "condition"].astype(str))
+    conditions = [c for c in dict.fromkeys([*map(str, conditions), *sorted(prot)]) if c in prot]
     if conditions:
         sel["H1"] = {"estimand": ("protocol",), "condition": (conditions[0],)}
     if len(conditions) > 1:
@@ -178,7 +180,8 @@ def _select(table: pd.DataFrame, sel: dict, baseline: str) -> np.ndarray:
 
 
 def assign_hypotheses(table: pd.DataFrame, hypotheses: Mapping | None = None, families: Mapping | None = None, *,
-                      baseline: str = "none", baseline_recipe: str | None = None) -> pd.DataFrame:
+                      baseline: str = "none", baseline_recipe: str | None = None,
+                      conditions: Sequence[str] = ()) -> pd.DataFrame:
     """`table` with ``hypothesis`` filled and the labelled rows moved into their registered family.
 
     Args:
@@ -188,13 +191,15 @@ def assign_hypotheses(table: pd.DataFrame, hypotheses: Mapping | None = None, fa
         families: {family: [labels]} (None: `PAPER_FAMILIES`). A label in no family is tested
             alone (its family is the label).
         baseline, baseline_recipe: the intervention and recipe of the headline rows.
+        conditions: the benchmarks in the sweep's order (`default_hypotheses`).
 
     Raises:
         StatsError: as `check_hypotheses` and `check_families`; or a row selected by two labels.
     """
     given = check_hypotheses(hypotheses)
     fam_of = check_families(families, list(given))
-    sel = default_hypotheses(table, baseline_recipe=baseline_recipe) if hypotheses is None else given
+    sel = (default_hypotheses(table, baseline_recipe=baseline_recipe, conditions=conditions) if hypotheses is None
+           else given)
     out = table.copy()
     out["hypothesis"] = ""
     for label, s in sel.items():
