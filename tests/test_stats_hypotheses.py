@@ -283,3 +283,16 @@ def test_the_report_shows_the_registered_tests_like_table_2():
     one = quiet_estimates(protocols(n_seeds=1), n_boot=100)
     shown1 = registered_section(one).table.iloc[0]
     assert shown1["interval"].startswith("no interval: 1 seed") and shown1["reject"] == "" and shown1["p"] == ""
+
+
+def test_a_registered_row_whose_resamples_do_not_vary_shows_no_interval():
+    # the 2-seed dose slope printed as +1.3 [+1.3, +1.3]: the table says why instead
+    from shortcutlab.report.tables import registered_table
+
+    row = dict(hypothesis="F8", estimand="slope", family="follow_up", condition="c", arch="pooled", diversity="",
+               intervention="none", recipe="", estimate=0.013, ci_low=0.013, ci_high=0.013, se=0.0, p_value=0.0008,
+               p_holm=0.0008, reject=True, n_seeds=2, reason="")
+    shown = registered_table(pd.DataFrame([row])).iloc[0]
+    assert shown["estimate"] == "+1.3 pp per unit of R"
+    assert shown["interval"] == "no interval: the resamples do not vary (2 seed(s))"
+    assert shown["p"] == shown["p_holm"] == shown["reject"] == ""

@@ -14,7 +14,7 @@ from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, hea
                                          removal_verdict, suppliers)
 from shortcutlab.stats import get_estimand
 from shortcutlab.stats.hypotheses import registered_tests
-from shortcutlab.stats.units import format_interval, format_value, is_nan
+from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
 
 PAIR_KEYS = ["condition", "arch", "diversity", "seed"]
 
@@ -466,14 +466,22 @@ def registered_table(est: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     out = []
     for r in rows.to_dict("records"):
         unit = get_estimand(str(r["estimand"])).unit
-        interval = format_interval(r["ci_low"], r["ci_high"], unit, level)
+        scale = 100.0 if unit.startswith("pp per") else 1.0      # a slope of fractions, printed in pp
+        lo, hi = r["ci_low"], r["ci_high"]
+        if not is_nan(lo) and lo == hi:                           # resamples that do not vary: no interval
+            lo = hi = np.nan
+            r = {**r, "p_value": np.nan, "p_holm": np.nan,
+                 "reason": r.get("reason") or f"the resamples do not vary ({int(r['n_seeds'])} seed(s))"}
+        interval = format_interval(lo * scale, hi * scale, unit, level) if not is_nan(lo) else "no interval"
         if interval == "no interval" and r.get("reason"):
             interval = f"no interval: {r['reason']}"
+        value = f"{pp_number(r['estimate'])} {unit}" if scale != 1 and not is_nan(r["estimate"]) else \
+            format_value(r["estimate"], unit)
         what = r["name"] + (f" ({r['intervention']})" if r["estimand"] in ("leak_cut", "leak_cut_pooled") else "")
         what += f" [{r['recipe']}]" if str(r.get("recipe") or "") not in ("", "nan") else ""
         tested = not is_nan(r["p_holm"])
         out.append({"hypothesis": r["hypothesis"], "test": what, "condition": r["condition"],
-                    "estimate": format_value(r["estimate"], unit), "interval": interval, "p": _p_text(r["p_value"]),
+                    "estimate": value, "interval": interval, "p": _p_text(r["p_value"]),
                     "p_holm": _p_text(r["p_holm"]), "family": r["family"],
                     "reject": ("yes" if r["reject"] else "no") if tested else ""})
     return pd.DataFrame(out, columns=["hypothesis", "test", "condition", "estimate", "interval", "p", "p_holm", "family",
