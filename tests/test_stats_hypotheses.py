@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from statsmodels.stats.multitest import multipletests
 
-from shortcutlab.stats import StatsError, estimates
+from shortcutlab.stats import StatsError, StatsWarning, estimates
 from shortcutlab.stats.hypotheses import PAPER_FAMILIES, registered_tests
 
 KEYS = ["model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity", "intervention", "id",
@@ -297,3 +297,13 @@ def test_a_registered_row_whose_resamples_do_not_vary_shows_no_interval():
     assert shown["estimate"] == "+1.3 pp per unit of R"
     assert shown["interval"] == "no interval: the resamples do not vary (2 seed(s))"
     assert shown["p"] == shown["p_holm"] == shown["reject"] == ""
+
+
+def test_a_recipe_lacking_a_diversity_level_is_recorded_not_dropped():
+    pred = factorial(recipes=("", "mask_background=True"), rng=np.random.default_rng(22))
+    pred = pred[~((pred["recipe"].str.contains("mask_background")) & (pred["diversity"] == "low"))]
+    with pytest.warns(StatsWarning, match="no leak/clean pair of this recipe at every diversity level"):
+        table = estimates(pred, n_boot=100)
+    row = table[(table["estimand"] == "recipe_leak") & (table["recipe"] == "mask_background=True")].iloc[0]
+    assert np.isnan(row["estimate"]) and "high, low" in row["reason"] and row["hypothesis"] == ""
+    assert not (table["estimand"] == "recipe_cut").any()

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
 from .bootstrap import Cells, degenerate_reason, estimate_row, finish_rows, paired_support
+from .errors import StatsWarning
 from .factorial import LEAK_COLUMNS, factorial_rows, leak_rows, no_factorial_rows, prepare_factorial
 from .predictions import check_predictions, check_unique
 
@@ -396,7 +399,9 @@ def recipe_rows(pred: pd.DataFrame, *, baseline: str = "none", baseline_recipe: 
     Returns:
         Rows of `LEAK_COLUMNS` + ``recipe``; none for a condition with a single recipe.
     """
-    fac = factorial_rows(pred)[0]
+    with warnings.catch_warnings():     # crops left out of the pairing: the leak estimand already warned
+        warnings.simplefilter("ignore", StatsWarning)
+        fac = factorial_rows(pred)[0]
     fac = fac[fac["intervention"] == baseline]
     rows = []
     for condition, sub in fac.groupby("condition", sort=True):
@@ -413,6 +418,10 @@ def recipe_rows(pred: pd.DataFrame, *, baseline: str = "none", baseline_recipe: 
         for r in recipes:
             if leaks[r] is not None:
                 rows.append(_pooled_row(leaks[r], level, estimand="recipe_leak", recipe=r, **key))
+            else:
+                rows.append(dict(estimand="recipe_leak", recipe=r, **key, estimate=np.nan, n_seeds=0, n_parents=0,
+                                 n_crops=0, n_boot=0, reason="no leak/clean pair of this recipe at every diversity level "
+                                                             f"({', '.join(divs)}) of the condition"))
         for r in recipes:
             if r != base_recipe and leaks[r] is not None and leaks.get(base_recipe) is not None:
                 rows.append(_pooled_row(_combine([leaks[base_recipe], leaks[r]], [1, -1]), level,
