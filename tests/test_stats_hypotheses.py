@@ -307,3 +307,18 @@ def test_a_recipe_lacking_a_diversity_level_is_recorded_not_dropped():
     row = table[(table["estimand"] == "recipe_leak") & (table["recipe"] == "mask_background=True")].iloc[0]
     assert np.isnan(row["estimate"]) and "high, low" in row["reason"] and row["hypothesis"] == ""
     assert not (table["estimand"] == "recipe_cut").any()
+
+
+def test_a_slope_from_two_seeds_is_no_test_in_the_follow_up_family():
+    # two seeds: the cluster bootstrap's slopes barely vary; the row states no interval and no p,
+    # so the F-family's Holm counts only real tests (m = the finite p-values, by hand)
+    pred = factorial(n_seeds=2, inters=("none", "gray"), rng=np.random.default_rng(31))
+    leak_models = pred.loc[pred["exposure"] == "leak", "model"].unique()
+    results = pd.DataFrame({"model": leak_models, "diagnostic": "parent_probe", "metric": "R", "setting": "",
+                            "value": np.random.default_rng(1).uniform(0.1, 0.6, len(leak_models))})
+    with pytest.warns(StatsWarning, match=r"2 seed\(s\): a slope's interval needs 3 or more"):
+        table = estimates(pred, results, n_boot=300)
+    f8 = table[table["hypothesis"] == "F8"].iloc[0]
+    assert np.isnan(f8["ci_low"]) and np.isnan(f8["p_value"]) and np.isnan(f8["p_holm"]) and not f8["reject"]
+    f2 = table[table["hypothesis"] == "F2"].iloc[0]
+    assert f2["p_holm"] == pytest.approx(f2["p_value"])          # alone among the finite p-values

@@ -470,8 +470,8 @@ def registered_table(est: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
         lo, hi = r["ci_low"], r["ci_high"]
         if not is_nan(lo) and lo == hi:                           # resamples that do not vary: no interval
             lo = hi = np.nan
-            r = {**r, "p_value": np.nan, "p_holm": np.nan,
-                 "reason": r.get("reason") or f"the resamples do not vary ({int(r['n_seeds'])} seed(s))"}
+            why = f"the resamples do not vary ({int(r['n_seeds'])} seed(s))"
+            r = {**r, "p_value": np.nan, "p_holm": np.nan, "reason": f"{why}; {r['reason']}" if r.get("reason") else why}
         interval = format_interval(lo * scale, hi * scale, unit, level) if not is_nan(lo) else "no interval"
         if interval == "no interval" and r.get("reason"):
             interval = f"no interval: {r['reason']}"

@@ -392,7 +392,10 @@ def protocol_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
 @register_estimand("slope", unit="pp per unit of R", reading=slope_phrase, section="dose_response")
 def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
     """The slope of the leak gap on R (`dose_points`, `dose_response` clustered by seed) per
-    condition, family ``dose``; only with results."""
+    condition, family ``dose``; only with results. With fewer than `MIN_SLOPE_SEEDS` seeds the
+    slope is stated with no interval and no p-value (a reason, a warning): resampling two
+    clusters gives at most three distinct slopes, so its interval was [x, x] and its p-value
+    entered Holm as a test."""
     if ctx.results is None:
         return None
     pts = dose_points(ctx.pred, ctx.results, intervention=ctx.baseline)
@@ -403,6 +406,15 @@ def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
                                   intervention=ctx.baseline, estimate=np.nan, n_boot=0,
                                   reason="no parent-probe R row for a factorial leak model")])
     dose = dose_response(pts, x="R", y="gap", cluster="seed", by=["condition"], **ctx.boot)
+    few = dose["estimate"].notna() & (dose["n_clusters"] < MIN_SLOPE_SEEDS) & (dose["n_boot"] > 0)
+    if few.any():   # resampling 2 seeds gives a slope that barely varies: no interval, and no test in Holm
+        why = [f"{int(n)} seed(s): a slope's interval needs {MIN_SLOPE_SEEDS} or more, no interval"
+               for n in dose.loc[few, "n_clusters"]]
+        dose.loc[few, ["ci_low", "ci_high", "se", "p_value"]] = np.nan
+        dose.loc[few, "reason"] = why
+        dose.loc[few, "n_boot"] = 0
+        warnings.warn(f"estimates: slope of {', '.join(map(str, dose.loc[few, 'condition']))}: {why[0]}", StatsWarning,
+                      stacklevel=4)
     dose = dose.assign(arch="pooled", diversity="", intervention=ctx.baseline, family="dose",
                        n_seeds=dose["n_clusters"], n_parents=np.nan, n_crops=np.nan)
     return dose.drop(columns=["intercept", "n_points", "n_clusters"])
