@@ -280,6 +280,11 @@ def test_the_report_shows_the_registered_tests_like_table_2():
     assert row["estimate"] == f"{100 * h1['estimate']:+.1f} pp" and row["family"] == "primary"
     assert row["reject"] == ("yes" if h1["reject"] else "no")
     assert "Rejected at a family-wise 5%" in sec.reading
+    verdict = {f"{r['hypothesis']} ({r['condition']}" + (f", {r['intervention']})" if r["hypothesis"] == "F2" else ")"): r["reject"]
+               for r in table[table["hypothesis"] != ""].to_dict("records") if np.isfinite(r["p_holm"])}
+    rejected = sec.reading.split("Not rejected")[0]
+    for name, rej in verdict.items():                  # each test named once, on the side Holm put it
+        assert sec.reading.count(name) == 1 and (name in rejected) == rej, name
     # one seed: the value with no interval and the reason, never a degenerate [x, x]
     one = quiet_estimates(protocols(n_seeds=1), n_boot=100)
     shown1 = registered_section(one).table.iloc[0]

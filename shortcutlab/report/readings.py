@@ -46,6 +46,8 @@ The rules, stated once and used everywhere:
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from shortcutlab.stats import get_estimand
@@ -342,8 +344,9 @@ def registered_reading(table: pd.DataFrame, alpha: float = 0.05) -> str:
     """The registered tests in one or two sentences, from `registered_table`'s display rows:
     'Rejected at a family-wise 5% (Holm within each registered family): H1 (crc), H3 (crc).
     Not rejected: F2 (crc, greyscale).'"""
-    def name(r):
-        return f"{r['hypothesis']} ({r['condition']})"
+    def name(r):       # a cut names its intervention, a retrained factorial its recipe: the test's (...) or [...]
+        setting = re.search(r"[(\[]([^()\[\]]*)[)\]]$", r["test"])
+        return f"{r['hypothesis']} ({r['condition']}{', ' + setting.group(1) if setting else ''})"
 
     done = table[table["reject"] != ""]
     yes = [name(r) for r in done.to_dict("records") if r["reject"] == "yes"]

@@ -46,21 +46,22 @@ from .errors import StatsError
 __all__ = ["HYPOTHESES", "PAPER_FAMILIES", "SELECTOR_COLUMNS", "assign_hypotheses", "check_families",
            "check_hypotheses", "default_hypotheses", "registered_tests"]
 
-#: The paper's registered hypotheses (Table 2), in its order, with its wording.
+#: The paper's registered hypotheses (Table 2), in its order, with its wording (no trailing
+#: parenthesis: the report appends the intervention or recipe of a row in one).
 HYPOTHESES = {
-    "H1": "protocol effect, first benchmark (crop vs. parent split)",
+    "H1": "protocol effect, first benchmark: crop vs. parent split",
     "H2": "protocol effect, further benchmark",
-    "H3": "leakage at matched size (leak pooled over diversity)",
+    "H3": "leakage at matched size, pooled over diversity",
     "H4": "own-background route",
-    "H5": "gap tracks R (gradient reversal)",
+    "H5": "gap tracks R, gradient reversal",
     "F1": "slide-majority pull",
-    "F2": "intervention cuts the leak (re-scored models)",
-    "F3": "leak with masked backgrounds (retrained)",
-    "F4": "HED jitter cuts the leak (retrained)",
+    "F2": "intervention cuts the leak, re-scored models",
+    "F3": "leak with masked backgrounds, retrained",
+    "F4": "HED jitter cuts the leak, retrained",
     "F5": "LEACE erasure cuts the gap",
     "F6": "normalisation cuts the gap",
-    "F7": "gap tracks R (linear adversary)",
-    "F8": "gap tracks R (pooled)",
+    "F7": "gap tracks R, linear adversary",
+    "F8": "gap tracks R, pooled",
 }
 
 #: The Holm families as the paper registered them: H1 alone, H2-H5, F1-F8.
