@@ -408,7 +408,7 @@ def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
     dose = dose_response(pts, x="R", y="gap", cluster="seed", by=["condition"], **ctx.boot)
     few = dose["estimate"].notna() & (dose["n_clusters"] < MIN_SLOPE_SEEDS) & (dose["n_boot"] > 0)
     if few.any():   # resampling 2 seeds gives a slope that barely varies: no interval, and no test in Holm
-        why = [f"{int(n)} seed(s): a slope's interval needs {MIN_SLOPE_SEEDS} or more, no interval"
+        why = [f"{int(n)} seed(s): a slope's interval needs {MIN_SLOPE_SEEDS} or more"
                for n in dose.loc[few, "n_clusters"]]
         dose.loc[few, ["ci_low", "ci_high", "se", "p_value"]] = np.nan
         dose.loc[few, "reason"] = why
