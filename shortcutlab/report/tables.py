@@ -10,8 +10,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, headline_arch, intervention_rows, moves_verdict,
-                                         removal_verdict, suppliers)
+from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, headline_arch, intervention_label,
+                                         intervention_rows, moves_verdict, removal_verdict, suppliers)
 from shortcutlab.stats import get_estimand
 from shortcutlab.stats.hypotheses import registered_tests
 from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
@@ -477,7 +477,8 @@ def registered_table(est: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
             interval = f"no interval: {r['reason']}"
         value = f"{pp_number(r['estimate'])} {unit}" if scale != 1 and not is_nan(r["estimate"]) else \
             format_value(r["estimate"], unit)
-        what = r["name"] + (f" ({r['intervention']})" if r["estimand"] in ("leak_cut", "leak_cut_pooled") else "")
+        cut = r["estimand"] in ("leak_cut", "leak_cut_pooled")      # named by the intervention's label, as elsewhere
+        what = r["name"] + (f" ({intervention_label(str(r['intervention']))})" if cut else "")
         what += f" [{r['recipe']}]" if str(r.get("recipe") or "") not in ("", "nan") else ""
         tested = not is_nan(r["p_holm"])
         out.append({"hypothesis": r["hypothesis"], "test": what, "condition": r["condition"],
