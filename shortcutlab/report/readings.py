@@ -46,11 +46,10 @@ The rules, stated once and used everywhere:
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
 from shortcutlab.stats import get_estimand
+from shortcutlab.stats.hypotheses import HYPOTHESES
 from shortcutlab.stats.units import ci_pct, ci_pp, is_nan, pct, pp, pp_number
 
 #: How the report names the unaltered crops (setting "none"); interventions name themselves
@@ -345,8 +344,9 @@ def registered_reading(table: pd.DataFrame, alpha: float = 0.05) -> str:
     'Rejected at a family-wise 5% (Holm within each registered family): H1 (crc), H3 (crc).
     Not rejected: F2 (crc, greyscale).'"""
     def name(r):       # a cut names its intervention, a retrained factorial its recipe: the test's (...) or [...]
-        setting = re.search(r"[(\[]([^()\[\]]*)[)\]]$", r["test"])
-        return f"{r['hypothesis']} ({r['condition']}{', ' + setting.group(1) if setting else ''})"
+        setting = r["test"][len(HYPOTHESES.get(r["hypothesis"], "")):].strip()
+        setting = setting[1:-1] if setting[:1] in "([" and setting[-1:] in ")]" else setting
+        return f"{r['hypothesis']} ({r['condition']}{', ' + setting if setting else ''})"
 
     done = table[table["reject"] != ""]
     yes = [name(r) for r in done.to_dict("records") if r["reject"] == "yes"]
