@@ -858,6 +858,9 @@ def cmd_results(args) -> int:
         print("accuracy (mean over models)")
         print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
+        print("registered tests (the paper's Table 2; p_holm: Holm within the registered family)")
+        print(_registered_text(table))
+        print()
         print(f"estimates (percentage points; {settings['level'] * 100:g}% two-way cluster bootstrap over seeds and test parents, "
               f"{settings['n_boot']} resamples, seed {settings['seed']}"
               + (", settings from the config's analysis section" if settings["from_config"] else "") + "; p_holm: Holm within the family)")
@@ -889,9 +892,19 @@ def _estimates_text(table) -> str:
     t["estimate"] = [f"{v:+.1f}" if np.isfinite(v) else "nan" for v in t["estimate"]]
     for c in ("p_value", "p_holm"):
         t[c] = [f"{v:.4f}" if np.isfinite(v) else "" for v in t[c]]
-    cols = ["estimand", "family", "condition", "arch", "diversity", "intervention", "estimate", "ci", "p_value", "p_holm",
+    cols = ["hypothesis", "estimand", "family", "condition", "arch", "diversity", "intervention", "estimate", "ci", "p_value", "p_holm",
             "n_seeds", "n_parents", "reason"]
     return t[[c for c in cols if c in t.columns]].to_string(index=False)
+
+
+def _registered_text(table) -> str:
+    """The registered tests (`shortcutlab.report.tables.registered_table`) for a terminal."""
+    from shortcutlab.report.tables import registered_table
+
+    reg = registered_table(table)
+    if reg.empty:
+        return "(none: no estimate tests a registered hypothesis)"
+    return reg.to_string(index=False)
 
 
 def _pd_display():

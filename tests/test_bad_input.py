@@ -3207,3 +3207,41 @@ def test_reg_cli_register_a_bad_config_writes_nothing(tmp_path, capsys) -> None:
     line = cli_error(["register", config, "--out", str(tmp_path / "reg.json")], capsys)
     assert line.startswith("shortcutlab register: error:") and "analysis.level" in line
     assert not (tmp_path / "reg.json").exists()
+# --- issue 23, the paper's tests (slice "tests"): hypotheses and Holm families in `estimates` ---
+
+def _i23t_estimates(**kw):
+    from shortcutlab.stats import estimates, simulate_factorial
+
+    def call(tmp_path):
+        import warnings as _w
+
+        with _w.catch_warnings():
+            _w.simplefilter("ignore")
+            estimates(simulate_factorial(n_seeds=2, n_parents=4, crops_per_parent=1), n_boot=0, **kw)
+    return call
+
+
+def _i23t_cases():
+    from shortcutlab.stats import StatsError
+
+    return [
+        Case("i23t-unknown-family-labels", _i23t_estimates(families={"primary": ["H1", "H9"], "x": ["Q"]}), StatsError,
+             ("families", "unknown hypothesis label(s) 'H9', 'Q'", "known: H1", "F8")),
+        Case("i23t-label-in-two-families", _i23t_estimates(families={"a": ["H3"], "b": ["H2", "H3"]}), StatsError,
+             ("'H3' is in two families", "'a'", "'b'")),
+        Case("i23t-family-not-a-list", _i23t_estimates(families={"study": "H3"}), StatsError,
+             ("families.study", "expected a list of hypothesis labels", "'H3'")),
+        Case("i23t-families-not-a-mapping", _i23t_estimates(families=["H1"]), StatsError,
+             ("families", "expected a mapping", "got list")),
+        Case("i23t-selector-unknown-column", _i23t_estimates(hypotheses={"H3": {"estimand": "leak", "seed": 1}}),
+             StatsError, ("hypotheses.H3", "unknown column(s) 'seed'", "estimand, condition")),
+        Case("i23t-selector-not-a-mapping", _i23t_estimates(hypotheses={"H3": "leak"}), StatsError,
+             ("hypotheses.H3", "non-empty mapping of column", "'leak'")),
+        Case("i23t-two-labels-one-row", _i23t_estimates(hypotheses={"H3": {"estimand": "leak"}, "F3": {"estimand": "leak"}}),
+             StatsError, ("'F3' and 'H3' select the same row", "estimand=leak", "condition=sim")),
+    ]
+
+
+@pytest.mark.parametrize("case", _i23t_cases(), ids=lambda c: c.id)
+def test_i23t_hypotheses_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)

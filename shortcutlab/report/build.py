@@ -13,7 +13,7 @@ from shortcutlab.report import readings as rd
 from shortcutlab.report.figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
 from shortcutlab.report.folder import ReportError, SweepFolder
 from shortcutlab.report.render import to_html, to_markdown
-from shortcutlab.report.tables import audit_card, dose_pairs, validity_table
+from shortcutlab.report.tables import audit_card, dose_pairs, registered_table, validity_table
 from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
 
 TITLE = "shortcutlab report"
@@ -257,6 +257,7 @@ def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, le
     validity, vtable = validity_section(est, results, n_boot, seed, level)
     sections = [
         audit_section(folder, results),
+        registered_section(est, level),
         accuracy_section(pred, est),
         forest_section(est, level),
         validity,
@@ -272,6 +273,21 @@ def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, le
         sections.append(left_out("examples", "Example crops: masks, interventions and Grad-CAM",
                                  "it was not requested (--no-examples)"))
     return sections, vtable
+
+
+def registered_section(est: pd.DataFrame, level: float = 0.95) -> Section:
+    """The registered tests as the paper's Table 2 (`registered_table`): each hypothesis the
+    sweep's rows test, its estimate, interval, p, Holm-adjusted p within its registered family
+    and the verdict; before every other estimate."""
+    key, title = "registered_tests", "Registered tests"
+    table = registered_table(est, level)
+    if table.empty:
+        return left_out(key, title, "no estimate tests a registered hypothesis (no protocol pair, factorial or "
+                                    "dose-response; or the hypotheses were switched off)")
+    return Section(key, title, reading=rd.registered_reading(table), table=table,
+                   notes=["Which rows test which hypothesis, and the families: shortcutlab.stats.hypotheses "
+                          "(the paper's by default: H1 alone, H2-H5, F1-F8). Every other estimate below is descriptive, "
+                          "Holm-adjusted within its own family in estimates.csv."])
 
 
 def further_section(est: pd.DataFrame, level: float = 0.95) -> Section | None:

@@ -960,26 +960,14 @@ def _families(ck: _Checker, value: Any) -> dict[str, list[str]]:
                 raise ck.error(f"{p}[{i}]", f"hypothesis {label!r} is already in family {owner[label]!r}; Holm adjusts each "
                                "hypothesis within one family")
             owner[label] = name
-    hypotheses = _stats_hypotheses()
-    if hypotheses is not None:  # the statistics know the hypothesis labels: each must be one of them
-        from shortcutlab.stats import StatsError
+    from shortcutlab.stats import StatsError
+    from shortcutlab.stats.hypotheses import check_families
 
-        try:
-            hypotheses.check_families(value)
-        except StatsError as e:
-            raise ck.error("analysis.families", str(e).removeprefix("families: ")) from None
+    try:  # each label must be one the statistics know
+        check_families(value)
+    except StatsError as e:
+        raise ck.error("analysis.families", str(e).removeprefix("families: ")) from None
     return {k: list(v) for k, v in value.items()}
-
-
-def _stats_hypotheses():
-    """`shortcutlab.stats.hypotheses` (the paper's hypothesis labels and Holm families), or None
-    in a version of the statistics without it."""
-    import importlib
-
-    try:
-        return importlib.import_module("shortcutlab.stats.hypotheses")
-    except ImportError:
-        return None
 
 
 def _estimand_names(ck: _Checker, value: Any) -> list[str]:

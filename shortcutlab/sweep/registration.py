@@ -130,14 +130,10 @@ def analysis_settings(cfg: SweepConfig) -> dict:
         a["estimands"] = available_estimands()
     if a["interval"] is None:
         a["interval"] = estimates_default("method") or estimates_default("interval") or LEGACY_INTERVAL
-    if a["families"] is None:  # the statistics' registered families, where they name them
-        import importlib
+    if a["families"] is None:  # the paper's registered families
+        from shortcutlab.stats.hypotheses import PAPER_FAMILIES
 
-        try:
-            paper = importlib.import_module("shortcutlab.stats.hypotheses").PAPER_FAMILIES
-            a["families"] = {k: list(v) for k, v in paper.items()}
-        except (ImportError, AttributeError):
-            pass
+        a["families"] = {k: list(v) for k, v in PAPER_FAMILIES.items()}
     return a
 
 
