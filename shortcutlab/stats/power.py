@@ -100,6 +100,8 @@ class LeakComponents:
         """The components and notes as plain values (for components.json)."""
         d = asdict(self)
         d["notes"] = list(self.notes)
+        if not math.isfinite(self.pilot_effect):
+            d["pilot_effect"] = None          # JSON has no NaN
         return d
 
 
@@ -511,9 +513,10 @@ def _seed_arch_variance(cells: pd.DataFrame, crop_var: float) -> float | None:
     for i, a in enumerate(archs):
         for b in archs[i + 1:]:
             both = wide_y[a].notna() & wide_y[b].notna()
-            diff = (wide_y[a] - wide_y[b])[both]
-            noise = (wide_inv[a] + wide_inv[b])[both] * crop_var
-            by_seed = pd.DataFrame({"diff": diff, "noise": noise, "seed": seeds[both.to_numpy()]}).groupby("seed")
+            both = both.to_numpy()
+            by_seed = pd.DataFrame({"diff": (wide_y[a] - wide_y[b]).to_numpy()[both],
+                                    "noise": (wide_inv[a] + wide_inv[b]).to_numpy()[both] * crop_var,
+                                    "seed": seeds[both]}).groupby("seed")
             mean_diff = by_seed["diff"].mean()
             k = by_seed["diff"].size()
             if len(mean_diff) < 2:
