@@ -169,8 +169,9 @@ def pilot_predictions(seed: int, S=8, A=4, P=40, C=6, pool=None, effect=0.02, sd
 @pytest.mark.parametrize("pool", [None, 60])
 def test_estimate_components_recovers_planted_variances(pool):
     """Over 12 independent pilots (8 seeds, 4 archs, 40 parents, 6 crops; parents crossed, or each
-    seed testing 40 of 60), the mean of each estimated variance lies within 3.5 standard errors
-    (their spread / sqrt(12)) of the planted one, and the crop variance within 3%."""
+    seed testing 40 of 60), the mean of each estimated variance lies within 4.5 standard errors
+    (their spread / sqrt(12); variance estimates are skewed, so the t of 12 has heavy tails: tried
+    on 7 sets of 12 pilots each, |t| reached 3.7) of the planted one, and the crop variance within 3%."""
     est, crop = [], []
     for seed in range(12):
         pred, crop_var = pilot_predictions(100 + seed, pool=pool)
@@ -182,7 +183,7 @@ def test_estimate_components_recovers_planted_variances(pool):
     # allow for it with the planted variances far above their SEs
     for i, k in enumerate(SDS):
         mean, se = est[:, i].mean(), est[:, i].std(ddof=1) / math.sqrt(len(est))
-        assert abs(mean - SDS[k] ** 2) < 3.5 * se + 1e-5, (k, mean, se, SDS[k] ** 2)
+        assert abs(mean - SDS[k] ** 2) < 4.5 * se + 1e-5, (k, mean, se, SDS[k] ** 2)
     assert est[:, 4].mean() == pytest.approx(np.mean(crop), rel=0.03)
 
 
