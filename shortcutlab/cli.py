@@ -1279,7 +1279,8 @@ def cmd_power(args) -> int:
     import itertools
     import warnings
 
-    from shortcutlab.report.power import pilot_components, write_power
+    from shortcutlab.io import claim_output_dir
+    from shortcutlab.report.power import POWER_FILES, pilot_components, write_power
     from shortcutlab.stats import StatsWarning
     from shortcutlab.stats.power import Design, parse_params, simulate_power
 
@@ -1295,6 +1296,7 @@ def cmd_power(args) -> int:
     if not 0 < args.alpha < 1:
         raise ShortcutlabError(f"--alpha must be in (0, 1); got {args.alpha}")
     _check_output_folder(args.out, "--out")
+    claim_output_dir(args.out, "power", POWER_FILES)        # before the simulation, which can take minutes
     if args.pilot is not None:
         comp, pilot_crops = pilot_components(args.pilot, condition=args.condition, baseline=args.baseline)
         source = {"pilot": os.path.abspath(args.pilot), "condition": args.condition, "baseline": args.baseline}

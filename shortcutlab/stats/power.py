@@ -467,7 +467,7 @@ def _pair_sums(cells: pd.DataFrame, keys: list[str], crop_var: float) -> tuple[f
 def _level_variances(d: pd.DataFrame, condition, div, notes: list[str]) -> dict:
     """The variances of one diversity level (see `estimate_components`)."""
     where = f"the pilot's condition {condition!r}, diversity {div!r}"
-    for what, col in (("seeds", "seed"), ("test parents", "parent")):
+    for what, col in (("seed(s)", "seed"), ("test parent(s)", "parent")):
         if d[col].nunique() < 2:
             raise PowerError(f"{where} has {d[col].nunique()} {what}; the variance components need at least 2")
     cells = d.groupby(["seed", "arch", "parent"], sort=False, observed=True)["D"].agg(["size", "sum", "var"]).reset_index()
