@@ -65,20 +65,22 @@ def power_png(table: pd.DataFrame) -> bytes:
     keys = ["n_seeds", "n_archs", "n_parents", "crops_per_parent"]
     with matplotlib.rc_context({"text.parse_math": False}):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for design, sub in table.groupby(keys, sort=True):
+        groups = list(table.groupby(keys, sort=True))
+        colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+        for i, (design, sub) in enumerate(groups):
             sub = sub.sort_values("effect")
             label = f"{design[0]} seeds, {design[1]} archs, {design[2]} parents x {design[3]} crops"
             ax.errorbar(100 * sub["effect"], sub["power"], yerr=1.96 * sub["mc_se"], marker="o", ms=3, capsize=2,
-                        lw=1.2, label=label)
+                        lw=1.2, label=label, color=colors(i % colors.N))
         alpha = float(table["alpha"].iloc[0]) if len(table) else 0.05
         ax.axhline(alpha, color="grey", ls=":", lw=1)
         ax.axhline(0.8, color="grey", ls="--", lw=1)
         test = "paired t on per-seed effects" if (table["test"] == "t").all() else "two-way cluster bootstrap"
         n_sim = int(table["n_sim"].iloc[0]) if len(table) else 0
         ax.set(xlabel="leak effect (pp)", ylabel="power", ylim=(-0.02, 1.02),
-               title=f"Power of the leak test ({test}, alpha {alpha:g}, {n_sim} data sets each)")
+               title=f"Power of the leak test ({test}, alpha {alpha:g}; {n_sim} data sets each, 95% MC error bars)")
         ax.title.set_fontsize(9)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
         plt.close(fig)
