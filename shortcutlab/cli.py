@@ -1304,13 +1304,16 @@ def cmd_power(args) -> int:
         comp, pilot_crops = parse_params(args.params), 3
         source = {"params": args.params}
     crops = crops or [pilot_crops]
-    grid = [Design(s, a, p, c) for s, a, p, c in itertools.product(designs["seeds"], designs["archs"],
-                                                                  designs["parents"], crops)]
+    if args.pool is not None and args.pool < max(designs["parents"]):
+        raise ShortcutlabError(f"--pool is the number of parents each seed draws its test parents from, at least the "
+                               f"largest --parents {max(designs['parents'])}; got {args.pool}")
+    grid = [Design(s, a, p, c, args.pool) for s, a, p, c in itertools.product(designs["seeds"], designs["archs"],
+                                                                             designs["parents"], crops)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StatsWarning)
         table = simulate_power(comp, grid, effects, test=args.test, n_sim=args.n_sim, alpha=args.alpha,
                                n_boot=args.n_boot, seed=args.seed)
-    settings = dict(source, test=args.test, n_sim=args.n_sim, alpha=args.alpha, n_boot=args.n_boot, seed=args.seed)
+    settings = dict(source, pool=args.pool, test=args.test, n_sim=args.n_sim, alpha=args.alpha, n_boot=args.n_boot, seed=args.seed)
     paths = write_power(args.out, table, comp, settings)
     print("components (probability scale; pp = x 100): " + ", ".join(
         f"{k} {getattr(comp, k):.4g}" for k in ("baseline", "sd_seed", "sd_parent", "sd_seed_parent", "sd_seed_arch",
@@ -1343,6 +1346,8 @@ def _add_power_command(sub) -> None:
     p.add_argument("--seeds", default="5,10,20", help="numbers of seeds (default 5,10,20)")
     p.add_argument("--archs", default="4,12", help="numbers of architectures (default 4,12)")
     p.add_argument("--parents", default="50,150", help="numbers of test parents, the same in every seed (default 50,150)")
+    p.add_argument("--pool", type=int, help="parents each seed draws its test parents from (default: every seed tests "
+                                            "the same parents, a crossed design)")
     p.add_argument("--crops", help="test crops per parent (default: the pilot's median, or 3 with --params)")
     p.add_argument("--effects", default="0,0.004,0.008,0.015", help="leak effects as fractions (default 0,0.004,0.008,0.015)")
     p.add_argument("--test", choices=("t", "bootstrap"), default="t",

@@ -3188,6 +3188,8 @@ I23PW_CASES = [
          ("'baseline'", "(0, 1)", "85")),
     Case("i23pw-params-crop-sd-above-one", lambda t: _LeakComponentsPw(sd_crop=1.5), _PowerErrorPw, ("'sd_crop'", "at most 1")),
     Case("i23pw-design-one-seed", lambda t: _DesignPw(1, 4, 50, 3), _PowerErrorPw, ("n_seeds", ">= 2", "got 1")),
+    Case("i23pw-design-pool-below-parents", lambda t: _DesignPw(3, 1, 50, 3, 20), _PowerErrorPw, ("n_pool", ">= 50", "20")),
+    Case("i23pw-cli-pool-below-parents", _pw_cli("--pool", "3"), ShortcutlabError, ("--pool", "--parents 4", "got 3")),
     Case("i23pw-unknown-test", lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0], test="z"),
          _PowerErrorPw, ("'z'", "t, bootstrap")),
     Case("i23pw-bootstrap-too-few-resamples",

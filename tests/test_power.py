@@ -31,7 +31,7 @@ def test_simulate_cells_has_the_planted_mean_and_crop_variance():
     mean(D) -> effect and var(D) -> sd_crop^2 (binomial counts give both)."""
     comp = LeakComponents(sd_crop=0.4)
     design = Design(n_seeds=4, n_archs=3, n_parents=50, crops_per_parent=20)
-    plus, minus, clipped = simulate_cells(comp, design, 0.03, 40, np.random.default_rng(0))
+    plus, minus, clipped, _ = simulate_cells(comp, design, 0.03, 40, np.random.default_rng(0))
     n = plus.size * 20
     mean = (plus.sum() - minus.sum()) / n
     var = (plus.sum() + minus.sum()) / n - mean ** 2
@@ -60,14 +60,18 @@ def test_normal_power_matches_statsmodels():
         assert normal_power(effect, se, ALPHA) == pytest.approx(sm_normal_power(effect / se, 1, ALPHA), abs=1e-12)
 
 
-def test_two_way_se_is_the_monte_carlo_sd_of_the_pooled_effect():
-    """The SD over data sets of the pooled leak estimate (all crops) equals `two_way_se`."""
-    comp = LeakComponents(sd_seed=0.006, sd_parent=0.01, sd_seed_parent=0.02, sd_seed_arch=0.008, sd_crop=0.35)
-    design = Design(6, 3, 40, 3)
-    plus, minus, _ = simulate_cells(comp, design, 0.01, 4000, np.random.default_rng(3))
+@pytest.mark.parametrize("pool", [None, 80, 400])
+def test_two_way_se_is_the_monte_carlo_sd_of_the_pooled_effect(pool):
+    """The SD over data sets of the pooled leak estimate (all crops) equals `two_way_se`, for
+    the crossed design and for seeds drawing 40 parents from a pool of 80 or 400 (where a
+    parent is tested by Binomial(S, 40/pool) seeds). The parent SD is large so that the pool
+    changes the SE: 0.0207 crossed, 0.0180 and 0.0155 for the pools."""
+    comp = LeakComponents(sd_seed=0.006, sd_parent=0.1, sd_seed_parent=0.02, sd_seed_arch=0.008, sd_crop=0.6)
+    design = Design(6, 3, 40, 3, pool)
+    plus, minus, _, parents = simulate_cells(comp, design, 0.0, 4000, np.random.default_rng(3))
     est = (plus - minus).sum(axis=(1, 2, 3)) / (6 * 3 * 40 * 3)
-    sd = est.std(ddof=1)
-    assert sd == pytest.approx(two_way_se(comp, design), rel=0.06)     # SE of an SD from 4000 draws: ~1.1%
+    assert (np.diff(parents, axis=2) > 0).all() and parents.max() < (pool or 40)
+    assert est.std(ddof=1) == pytest.approx(two_way_se(comp, design), rel=0.05)   # SE of an SD from 4000 draws: 1.1%
 
 
 # ----------------------------------------------------------------------------- simulated power
@@ -83,6 +87,7 @@ def test_t_power_at_effect_zero_is_the_size(seed):
     assert np.allclose(table["closed_form"], ALPHA, atol=1e-9)
 
 
+@pytest.mark.filterwarnings("ignore:power.*clipped")    # a few cells of millions, far in the parents' tail
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_t_power_matches_the_closed_form(seed):
     """Simulated power of the paired t against `t_power` (noncentral t, averaged over the test
@@ -114,6 +119,25 @@ def test_power_increases_with_seeds_and_effect():
     for s in (5, 10, 20):
         row = grid.loc[s].to_numpy()
         assert (np.diff(row) > _margin(0.5, n_sim, 1.0)).all(), grid
+
+
+def test_predictions_frame_holds_the_counts_and_the_pool_parents():
+    """The predictions table the bootstrap route builds: its leak effect (by `leak_effect`) is
+    the mean crop difference of the counts, its test parents those the seeds drew from the pool,
+    and the clean accuracy about the baseline."""
+    from shortcutlab.stats import leak_effect
+    from shortcutlab.stats.power import predictions_frame
+
+    comp = LeakComponents(baseline=0.7, sd_seed=0.01, sd_parent=0.02, sd_crop=0.4)
+    design = Design(4, 2, 10, 5, 30)
+    rng = np.random.default_rng(0)
+    plus, minus, _, parents = simulate_cells(comp, design, 0.05, 1, rng)
+    frame = predictions_frame(plus[0], minus[0], parents[0], comp, 5, rng)
+    row = leak_effect(frame, n_boot=0).set_index("arch").loc["pooled"]
+    assert row["estimate"] == pytest.approx((plus - minus).sum() / plus.size / 5)
+    assert row["n_parents"] == len(np.unique(parents[0])) and row["n_seeds"] == 4
+    clean = frame[frame["exposure"] == "clean"]["correct"].mean()
+    assert abs(clean - 0.7) < 4 * math.sqrt(0.7 * 0.3 / (4 * 2 * 10 * 5))
 
 
 def test_bootstrap_power_size_and_power():

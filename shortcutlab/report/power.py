@@ -62,14 +62,15 @@ def power_png(table: pd.DataFrame) -> bytes:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    keys = ["n_seeds", "n_archs", "n_parents", "crops_per_parent"]
+    keys = ["n_seeds", "n_archs", "n_parents", "crops_per_parent", "n_pool"]
     with matplotlib.rc_context({"text.parse_math": False}):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         groups = list(table.groupby(keys, sort=True))
         colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
         for i, (design, sub) in enumerate(groups):
             sub = sub.sort_values("effect")
-            label = f"{design[0]} seeds, {design[1]} archs, {design[2]} parents x {design[3]} crops"
+            pool = f" (of {design[4]})" if design[4] > design[2] else ""
+            label = f"{design[0]} seeds, {design[1]} archs, {design[2]} parents{pool} x {design[3]} crops"
             ax.errorbar(100 * sub["effect"], sub["power"], yerr=1.96 * sub["mc_se"], marker="o", ms=3, capsize=2,
                         lw=1.2, label=label, color=colors(i % colors.N))
         alpha = float(table["alpha"].iloc[0]) if len(table) else 0.05

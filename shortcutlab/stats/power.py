@@ -45,7 +45,7 @@ __all__ = ["COMPONENT_NAMES", "POWER_COLUMNS", "TESTS", "Design", "LeakComponent
 COMPONENT_NAMES = ("baseline", "sd_seed", "sd_parent", "sd_seed_parent", "sd_seed_arch", "sd_crop")
 #: the tests `simulate_power` runs
 TESTS = ("t", "bootstrap")
-POWER_COLUMNS = ["test", "n_seeds", "n_archs", "n_parents", "crops_per_parent", "effect", "power", "mc_se", "n_sim",
+POWER_COLUMNS = ["test", "n_seeds", "n_archs", "n_parents", "crops_per_parent", "n_pool", "effect", "power", "mc_se", "n_sim",
                  "alpha", "closed_form", "normal_power"]
 
 
@@ -135,15 +135,20 @@ def parse_params(text: str) -> LeakComponents:
 @dataclass(frozen=True)
 class Design:
     """A planned factorial: seeds (each a leak and a clean model per architecture), architectures,
-    test parents (the same parents in every seed: a crossed design) and crops per parent."""
+    test parents per seed and crops per parent. Each seed tests `n_parents` parents drawn from
+    a pool of `n_pool` (default `n_parents`: the same parents in every seed, a crossed design;
+    a larger pool: each seed its own random test parents, as the factorial split draws them)."""
 
     n_seeds: int
     n_archs: int
     n_parents: int
     crops_per_parent: int
+    n_pool: int | None = None
 
     def __post_init__(self) -> None:
-        least = {"n_seeds": 2, "n_archs": 1, "n_parents": 2, "crops_per_parent": 1}
+        if self.n_pool is None:
+            object.__setattr__(self, "n_pool", self.n_parents)
+        least = {"n_seeds": 2, "n_archs": 1, "n_parents": 2, "crops_per_parent": 1, "n_pool": self.n_parents}
         for name, low in least.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -154,7 +159,7 @@ class Design:
 
 # ------------------------------------------------------------------------------- simulation
 def simulate_cells(comp: LeakComponents, design: Design, effect: float, n_sim: int,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Draw `n_sim` data sets of `design` and count, per (seed, arch, parent) cell, the crops
     the leak model gets right and the clean one wrong (n_plus) and the reverse (n_minus).
 
@@ -163,11 +168,18 @@ def simulate_cells(comp: LeakComponents, design: Design, effect: float, n_sim: i
     (where m is so large that a probability leaves [0, 1] it is clipped, and counted).
 
     Returns:
-        (n_plus, n_minus, n_clipped): int arrays (n_sim, n_seeds, n_archs, n_parents), and the
-        number of cells whose probabilities were clipped.
+        (n_plus, n_minus, n_clipped, parents): int arrays (n_sim, n_seeds, n_archs, n_parents),
+        the number of cells whose probabilities were clipped, and (n_sim, n_seeds, n_parents)
+        the pool index of each seed's test parents.
     """
     S, A, P, C = design.n_seeds, design.n_archs, design.n_parents, design.crops_per_parent
-    m = (effect + rng.normal(0, comp.sd_seed, (n_sim, S, 1, 1)) + rng.normal(0, comp.sd_parent, (n_sim, 1, 1, P))
+    v = rng.normal(0, comp.sd_parent, (n_sim, design.n_pool))
+    if design.n_pool > P:
+        parents = np.sort(np.argsort(rng.random((n_sim, S, design.n_pool)), axis=2)[:, :, :P], axis=2)
+    else:
+        parents = np.broadcast_to(np.arange(P), (n_sim, S, P))
+    v_tested = np.take_along_axis(v[:, None, :], parents, axis=2)[:, :, None, :]      # (n_sim, S, 1, P)
+    m = (effect + rng.normal(0, comp.sd_seed, (n_sim, S, 1, 1)) + v_tested
          + rng.normal(0, comp.sd_seed_parent, (n_sim, S, 1, P)) + rng.normal(0, comp.sd_seed_arch, (n_sim, S, A, 1)))
     m = np.broadcast_to(m, (n_sim, S, A, P))
     q = comp.sd_crop ** 2 + m ** 2
@@ -178,7 +190,7 @@ def simulate_cells(comp: LeakComponents, design: Design, effect: float, n_sim: i
     n_plus = rng.binomial(C, p_plus)
     rest = np.where(p_plus < 1, p_minus / np.where(p_plus < 1, 1 - p_plus, 1), 0.0)
     n_minus = rng.binomial(C - n_plus, np.clip(rest, 0, 1))
-    return n_plus, n_minus, int(bad.sum())
+    return n_plus, n_minus, int(bad.sum()), parents
 
 
 def paired_t_reject(n_plus: np.ndarray, n_minus: np.ndarray, n_crops: int, alpha: float) -> np.ndarray:
@@ -195,10 +207,11 @@ def paired_t_reject(n_plus: np.ndarray, n_minus: np.ndarray, n_crops: int, alpha
     return np.isfinite(p) & (p < alpha)
 
 
-def predictions_frame(n_plus: np.ndarray, n_minus: np.ndarray, comp: LeakComponents, crops_per_parent: int,
-                      rng: np.random.Generator) -> pd.DataFrame:
+def predictions_frame(n_plus: np.ndarray, n_minus: np.ndarray, parents: np.ndarray, comp: LeakComponents,
+                      crops_per_parent: int, rng: np.random.Generator) -> pd.DataFrame:
     """One simulated data set's counts (S, A, P) as a predictions table of one factorial cell
-    (condition 'power', diversity 'high', intervention 'none'): in each cell the first n_plus
+    (condition 'power', diversity 'high', intervention 'none'; `parents` (S, P): the pool index
+    of each seed's test parents, which names them): in each cell the first n_plus
     crops right for the leak model only, the next n_minus right for the clean model only, the
     rest right for both with probability (baseline - P(D = -1)) / P(D = 0), else wrong for both."""
     S, A, P = n_plus.shape
@@ -211,7 +224,9 @@ def predictions_frame(n_plus: np.ndarray, n_minus: np.ndarray, comp: LeakCompone
     both = max(0.0, min(1.0, (comp.baseline - n_minus.sum() / n_plus.size / C) / max(1e-12, 1 - p_tie)))
     both_right = tie & (rng.random(tie.shape) < both)
     leak_ok, clean_ok = plus | both_right, minus | both_right
-    seed, arch, parent, crop = (a.ravel() for a in np.meshgrid(np.arange(S), np.arange(A), np.arange(P), k, indexing="ij"))
+    seed, arch, slot, crop = (a.ravel() for a in np.meshgrid(np.arange(S), np.arange(A), np.arange(P), k, indexing="ij"))
+    parent = parents[seed, slot]
+    pool = int(parents.max()) + 1
     n = seed.size
     cat = pd.Categorical.from_codes
     archs = [f"a{i}" for i in range(A)]
@@ -222,19 +237,20 @@ def predictions_frame(n_plus: np.ndarray, n_minus: np.ndarray, comp: LeakCompone
                                                     for s in range(S)]),
             "condition": "power", "arch": cat(arch, archs), "seed": seed, "protocol": "factorial",
             "exposure": cat(np.full(n, e), ["clean", "leak"]), "diversity": "high", "intervention": "none",
-            "id": cat(parent * C + crop, [f"c{i}" for i in range(P * C)]), "parent": cat(parent, [f"p{j}" for j in range(P)]),
+            "id": cat(parent * C + crop, [f"c{i}" for i in range(pool * C)]),
+            "parent": cat(parent, [f"p{j}" for j in range(pool)]),
             "correct": ok.ravel()}))
     return pd.concat(frames, ignore_index=True)
 
 
-def bootstrap_reject(n_plus, n_minus, comp, design: Design, alpha: float, n_boot: int, rng) -> np.ndarray:
+def bootstrap_reject(n_plus, n_minus, parents, comp, design: Design, alpha: float, n_boot: int, rng) -> np.ndarray:
     """The registered primary test on each simulated data set: `leak_effect`'s two-way cluster
     bootstrap p-value of the pooled row (the one architecture's row with one), below alpha."""
     from .factorial import leak_effect
 
     out = np.zeros(len(n_plus), dtype=bool)
     for i in range(len(n_plus)):
-        frame = predictions_frame(n_plus[i], n_minus[i], comp, design.crops_per_parent, rng)
+        frame = predictions_frame(n_plus[i], n_minus[i], parents[i], comp, design.crops_per_parent, rng)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", StatsWarning)
             rows = leak_effect(frame, n_boot=n_boot, seed=int(rng.integers(2 ** 31)))
@@ -304,13 +320,13 @@ def simulate_power(comp: LeakComponents, designs: Iterable[Design], effects: Seq
             rng = np.random.default_rng([seed, i, j])
             hits = 0
             for start in range(0, n_sim, chunk):
-                n_plus, n_minus, bad = simulate_cells(comp, design, float(effect), min(chunk, n_sim - start), rng)
+                n_plus, n_minus, bad, parents = simulate_cells(comp, design, float(effect), min(chunk, n_sim - start), rng)
                 clipped += bad
                 if test == "t":
                     n_crops = design.n_archs * design.n_parents * design.crops_per_parent
                     hits += int(paired_t_reject(n_plus, n_minus, n_crops, alpha).sum())
                 else:
-                    hits += int(bootstrap_reject(n_plus, n_minus, comp, design, alpha, n_boot, rng).sum())
+                    hits += int(bootstrap_reject(n_plus, n_minus, parents, comp, design, alpha, n_boot, rng).sum())
             power = hits / n_sim
             rows.append(dict(test=test, **asdict(design), effect=float(effect), power=power,
                              mc_se=math.sqrt(power * (1 - power) / n_sim), n_sim=n_sim, alpha=alpha,
@@ -337,10 +353,14 @@ def normal_power(effect: float, se: float, alpha: float = 0.05) -> float:
 
 def two_way_se(comp: LeakComponents, design: Design) -> float:
     """The true standard error of the pooled leak estimate (the mean over every seed, architecture
-    and crop) under the components: sqrt(sd_seed^2/S + sd_parent^2/P + sd_seed_parent^2/(S P)
-    + sd_seed_arch^2/(S A) + sd_crop^2/(S A P C))."""
+    and crop) under the components: sqrt(sd_seed^2/S + sd_parent^2 (1 - f + S f)/(S P)
+    + sd_seed_parent^2/(S P) + sd_seed_arch^2/(S A) + sd_crop^2/(S A P C)), f = P / n_pool the
+    share of the pool each seed tests (a parent is tested by Binomial(S, f) seeds; f = 1, the
+    crossed design: sd_parent^2 / P)."""
     S, A, P, C = design.n_seeds, design.n_archs, design.n_parents, design.crops_per_parent
-    return math.sqrt(comp.sd_seed ** 2 / S + comp.sd_parent ** 2 / P + comp.sd_seed_parent ** 2 / (S * P)
+    f = P / design.n_pool
+    return math.sqrt(comp.sd_seed ** 2 / S + comp.sd_parent ** 2 * (1 - f + S * f) / (S * P)
+                     + comp.sd_seed_parent ** 2 / (S * P)
                      + comp.sd_seed_arch ** 2 / (S * A) + comp.sd_crop ** 2 / (S * A * P * C))
 
 
@@ -353,14 +373,16 @@ def t_power(comp: LeakComponents, design: Design, effect: float, alpha: float = 
     sd_crop^2/(A P C), independently between seeds; the t statistic is then noncentral t with
     S - 1 degrees of freedom and noncentrality (effect + vbar) sqrt(S) / tau, and the power is
     its two-sided rejection probability averaged over vbar (Gauss-Hermite quadrature). With
-    sd_parent = 0 it is the textbook noncentral-t power.
+    sd_parent = 0 it is the textbook noncentral-t power. For a design whose seeds draw their
+    parents from a larger pool the seeds share some parents and are not independent: NaN,
+    unless sd_parent = 0.
     """
     from scipy import stats
 
     S, A, P, C = design.n_seeds, design.n_archs, design.n_parents, design.crops_per_parent
     tau = math.sqrt(comp.sd_seed ** 2 + comp.sd_seed_parent ** 2 / P + comp.sd_seed_arch ** 2 / A
                     + comp.sd_crop ** 2 / (A * P * C))
-    if not tau > 0:
+    if not tau > 0 or (design.n_pool > P and comp.sd_parent > 0):
         return float("nan")
     crit = stats.t.isf(alpha / 2, S - 1)
     nodes, weights = np.polynomial.hermite_e.hermegauss(n_nodes)
