@@ -3190,6 +3190,8 @@ I23PW_CASES = [
     Case("i23pw-design-one-seed", lambda t: _DesignPw(1, 4, 50, 3), _PowerErrorPw, ("n_seeds", ">= 2", "got 1")),
     Case("i23pw-design-pool-below-parents", lambda t: _DesignPw(3, 1, 50, 3, 20), _PowerErrorPw, ("n_pool", ">= 50", "20")),
     Case("i23pw-cli-pool-below-parents", _pw_cli("--pool", "3"), ShortcutlabError, ("--pool", "--parents 4", "got 3")),
+    Case("i23pw-effect-in-pp", lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0, 1.5]),
+         _PowerErrorPw, ("effect 1.5", "(-1, 1)", "0.8 pp")),
     Case("i23pw-unknown-test", lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0], test="z"),
          _PowerErrorPw, ("'z'", "t, bootstrap")),
     Case("i23pw-bootstrap-too-few-resamples",

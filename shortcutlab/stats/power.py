@@ -259,7 +259,7 @@ def bootstrap_reject(n_plus, n_minus, parents, comp, design: Design, alpha: floa
     return out
 
 
-def _check_power_args(test: str, n_sim: int, alpha: float, n_boot: int) -> None:
+def _check_power_args(test: str, n_sim: int, alpha: float, n_boot: int, effects: Sequence[float]) -> None:
     if test not in TESTS:
         raise PowerError(f"test {test!r} is unknown; expected one of {', '.join(TESTS)}")
     if isinstance(n_sim, bool) or not isinstance(n_sim, (int, np.integer)) or n_sim < 1:
@@ -268,6 +268,9 @@ def _check_power_args(test: str, n_sim: int, alpha: float, n_boot: int) -> None:
         raise PowerError(f"alpha must be in (0, 1); got {alpha!r}")
     if test == "bootstrap" and (isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 19):
         raise PowerError(f"n_boot must be an integer >= 19 for a bootstrap p-value below 0.1; got {n_boot!r}")
+    for effect in effects:
+        if not (isinstance(effect, (int, float, np.floating, np.integer)) and -1 < float(effect) < 1):
+            raise PowerError(f"effect {effect!r} is not a leak effect; expected a fraction in (-1, 1) (0.008 is 0.8 pp)")
 
 
 def simulate_power(comp: LeakComponents, designs: Iterable[Design], effects: Sequence[float], *, test: str = "t",
@@ -302,7 +305,7 @@ def simulate_power(comp: LeakComponents, designs: Iterable[Design], effects: Seq
         alpha: the test's level.
         n_boot: bootstrap resamples (``test="bootstrap"`` only).
         seed: seed of the simulation; each (design, effect) gets its own stream.
-        chunk: data sets drawn at once (memory: 16 bytes x chunk x seeds x archs x parents).
+        chunk: data sets drawn at once at most (fewer where a data set has over 40,000 cells).
 
     Returns:
         One row per design x effect (`POWER_COLUMNS`): test, the design, effect, power, mc_se,
@@ -310,17 +313,18 @@ def simulate_power(comp: LeakComponents, designs: Iterable[Design], effects: Seq
         normal_power (`normal_power` with the estimator's true two-way SE: what a test with
         exactly calibrated intervals reaches).
     """
-    _check_power_args(test, n_sim, alpha, n_boot)
+    effects = list(effects)
+    _check_power_args(test, n_sim, alpha, n_boot, effects)
     rows, clipped = [], 0
     designs = list(designs)
     for i, design in enumerate(designs):
+        # about 2 million cells at once at most (a dozen float arrays of them are alive)
+        step = max(1, min(chunk, 2_000_000 // (design.n_seeds * design.n_archs * design.n_parents)))
         for j, effect in enumerate(effects):
-            if not math.isfinite(float(effect)) or abs(effect) >= 1:
-                raise PowerError(f"effect {effect!r} is not a leak effect; expected a fraction in (-1, 1) (0.008 is 0.8 pp)")
             rng = np.random.default_rng([seed, i, j])
             hits = 0
-            for start in range(0, n_sim, chunk):
-                n_plus, n_minus, bad, parents = simulate_cells(comp, design, float(effect), min(chunk, n_sim - start), rng)
+            for start in range(0, n_sim, step):
+                n_plus, n_minus, bad, parents = simulate_cells(comp, design, float(effect), min(step, n_sim - start), rng)
                 clipped += bad
                 if test == "t":
                     n_crops = design.n_archs * design.n_parents * design.crops_per_parent
