@@ -339,7 +339,9 @@ def simulate_power(comp: LeakComponents, designs: Iterable[Design], effects: Seq
     if clipped:
         warnings.warn(f"power: {clipped} simulated cells had a mean leak effect too large for sd_crop "
                       f"{comp.sd_crop:g} (a probability outside [0, 1]) and were clipped; their crop variance is "
-                      f"below sd_crop^2", StatsWarning, stacklevel=2)
+                      f"below sd_crop^2 and the power approximate (the model is for leaks of a few pp; a pilot whose "
+                      f"crops of a parent are all right or all wrong together gives cells near +-1)",
+                      StatsWarning, stacklevel=2)
     return pd.DataFrame(rows, columns=POWER_COLUMNS)
 
 
