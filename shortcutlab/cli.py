@@ -1345,7 +1345,7 @@ def _add_power_command(sub) -> None:
                           "(fractions; unnamed ones keep their defaults 0.85, 0, 0, 0, 0, 0.3)")
     p.add_argument("--seeds", default="5,10,20", help="numbers of seeds (default 5,10,20)")
     p.add_argument("--archs", default="4,12", help="numbers of architectures (default 4,12)")
-    p.add_argument("--parents", default="50,150", help="numbers of test parents, the same in every seed (default 50,150)")
+    p.add_argument("--parents", default="50,150", help="numbers of test parents per seed (default 50,150; see --pool)")
     p.add_argument("--pool", type=int, help="parents each seed draws its test parents from (default: every seed tests "
                                             "the same parents, a crossed design)")
     p.add_argument("--crops", help="test crops per parent (default: the pilot's median, or 3 with --params)")

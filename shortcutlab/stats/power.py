@@ -220,8 +220,8 @@ def predictions_frame(n_plus: np.ndarray, n_minus: np.ndarray, parents: np.ndarr
     plus = k[None, None, None, :] < n_plus[..., None]                          # (S, A, P, C)
     minus = ~plus & (k[None, None, None, :] < (n_plus + n_minus)[..., None])
     tie = ~plus & ~minus
-    p_tie = (n_plus + n_minus).sum() / n_plus.size / C
-    both = max(0.0, min(1.0, (comp.baseline - n_minus.sum() / n_plus.size / C) / max(1e-12, 1 - p_tie)))
+    discordant = (n_plus + n_minus).sum() / n_plus.size / C
+    both = max(0.0, min(1.0, (comp.baseline - n_minus.sum() / n_plus.size / C) / max(1e-12, 1 - discordant)))
     both_right = tie & (rng.random(tie.shape) < both)
     leak_ok, clean_ok = plus | both_right, minus | both_right
     seed, arch, slot, crop = (a.ravel() for a in np.meshgrid(np.arange(S), np.arange(A), np.arange(P), k, indexing="ij"))
