@@ -796,7 +796,14 @@ def cmd_sweep(args) -> int:
         cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)), limits=limits)
     if args.workers is not None and args.workers < 1:
         raise ShortcutlabError(f"--workers must be a positive integer; got {args.workers}")
+    registration = None
+    if args.registration:  # checked before anything is written (a dry run too)
+        from shortcutlab.sweep.registration import check_registration
+
+        registration = check_registration(cfg, args.registration, config_path=args.config, sweep_dir=args.out)
     if args.dry_run:
+        if registration:
+            print(f"the sweep matches its registration {args.registration}")
         summary = run_sweep(cfg, args.out, dry_run=True)
         for t in summary["tasks"]:
             print(f"  {'done' if t['done'] else '    '}  {t['kind']:<10} {t['id']}  {t['params']}")
@@ -807,13 +814,27 @@ def cmd_sweep(args) -> int:
                   "again (the device is part of a train task's id: results can differ across devices)")
         return 0
     _check_output_folder(args.out, "--out")
-    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet)
+    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet, registration=registration)
     ran = summary["n_tasks"] - sum(summary["done_before"].values())
     print(f"sweep: {summary['n_tasks']} tasks ({ran} run now, {summary['n_tasks'] - ran} already done), "
           f"{summary['n_models']} models, {summary['seconds']:.1f} s")
     from shortcutlab.sweep.folder import SweepLayout
 
-    print(f"wrote {SweepLayout(args.out).table('predictions')} (.csv), results.parquet (.csv), splits.json, sweep.json")
+    print(f"wrote {SweepLayout(args.out).table('predictions')} (.csv), results.parquet (.csv), splits.json, sweep.json"
+          + (", registration.json (the sweep matched its registration)" if registration else ""))
+    return 0
+
+
+def cmd_register(args) -> int:
+    """`shortcutlab register`: hash what the sweep of a config fixes before any model is trained."""
+    from shortcutlab.sweep.registration import register
+
+    rec = register(args.config, args.out, limits=_sweep_limits(args.limit), device=args.device)
+    a = rec["analysis"]["settings"]
+    print(f"registered {args.config}: {len(rec['splits'])} split manifest(s), {rec['design']['n_tasks']} planned tasks, "
+          f"analysis n_boot={a['n_boot']} seed={a['seed']} level={a['level']} interval={a['interval']} alpha={a['alpha']}, "
+          f"shortcutlab {rec['code']['version']} ({rec['code']['source']['n_files']} source files)")
+    print(f"wrote {args.out}; run the sweep with `shortcutlab sweep {args.config} --out DIR --registration {args.out}`")
     return 0
 
 
@@ -823,19 +844,27 @@ def cmd_results(args) -> int:
     from shortcutlab.stats import StatsWarning
     from shortcutlab.sweep.runner import estimates_table, results_table
 
-    if args.n_boot < 0:
+    from shortcutlab.sweep.registration import estimates_options, registration_statement, sweep_analysis
+
+    if args.n_boot is not None and args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
     accuracy = results_table(args.dir)
+    # a flag given overrides the config's analysis: (an --interval option, where there is one, too)
+    settings = sweep_analysis(args.dir, n_boot=args.n_boot, seed=args.seed, interval=getattr(args, "interval", None))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StatsWarning)
-        table = estimates_table(args.dir, n_boot=args.n_boot, seed=args.seed)
+        table = estimates_table(args.dir, analysis=settings)
     with _pd_display():
         print("accuracy (mean over models)")
         print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
-        print(f"estimates (percentage points; 95% two-way cluster bootstrap over seeds and test parents, {args.n_boot} resamples; "
-              "p_holm: Holm within the family)")
+        print(f"estimates (percentage points; {settings['level'] * 100:g}% two-way cluster bootstrap over seeds and test parents, "
+              f"{settings['n_boot']} resamples, seed {settings['seed']}"
+              + (", settings from the config's analysis section" if settings["from_config"] else "") + "; p_holm: Holm within the family)")
         print(_estimates_text(table))
+    print(registration_statement(args.dir))
+    for note in estimates_options(settings)[1]:
+        print(f"note: {note}")
     for w in caught:
         print(f"note: {' '.join(str(w.message).split())}")
     return 0
@@ -874,10 +903,16 @@ def _pd_display():
 def cmd_report(args) -> int:
     from shortcutlab.report import build_report
 
-    if args.n_boot < 0:
+    from shortcutlab.sweep.registration import sweep_analysis
+
+    if args.n_boot is not None and args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
-    paths = build_report(args.dir, args.out, n_boot=args.n_boot, seed=args.seed, examples=not args.no_examples,
-                         device=args.device)
+    settings = (sweep_analysis(args.dir, n_boot=args.n_boot, seed=args.seed, interval=getattr(args, "interval", None))
+                if os.path.isdir(args.dir) else {})
+    if not settings.get("from_config"):  # the report's own defaults (fewer resamples than `results`)
+        settings = None
+    paths = build_report(args.dir, args.out, n_boot=2000 if args.n_boot is None else args.n_boot, seed=args.seed or 0,
+                         examples=not args.no_examples, device=args.device, analysis=settings)
     print(paths["html"])
     return 0
 
@@ -896,7 +931,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shortcutlab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_audit_command, _add_split_command, _add_synth_command, _add_train_command, _add_demo_command,
-                _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_results_command, _add_report_command,
+                _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_register_command, _add_results_command,
+                _add_report_command,
                 _add_litmus_command, _add_control_command, _add_verify_command,
                 _add_table_command,
                 _add_crops_command,
@@ -1059,15 +1095,29 @@ def _add_sweep_command(sub) -> None:
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.add_argument("--limit", action="append", metavar="NAME=N",
                    help="raise or lower a cap: tasks (default 100000), seeds (10000), bytes (2000000), scalar (100000), depth (50)")
+    w.add_argument("--registration", metavar="FILE",
+                   help="a file of `shortcutlab register`: refuse to start (writing nothing) if the config, a split manifest, "
+                        "the design, the analysis settings or the code differ from it, naming what")
     w.set_defaults(func=cmd_sweep)
+
+
+def _add_register_command(sub) -> None:
+    """`shortcutlab register`: the registration of a sweep, before any model is trained."""
+    r = sub.add_parser("register", help="hash a sweep's config, split manifests, design, analysis settings and code "
+                                        "before any model is trained")
+    r.add_argument("config", metavar="CONFIG.yaml")
+    r.add_argument("--out", required=True, metavar="REGISTRATION.json", help="the registration file (JSON)")
+    r.add_argument("--limit", action="append", metavar="NAME=N", help="raise or lower a cap, as for `sweep`")
+    r.add_argument("--device", help="override the config's device, as `sweep --device` will (it is part of the design)")
+    r.set_defaults(func=cmd_register)
 
 
 def _add_results_command(sub) -> None:
     """`shortcutlab results`: the estimates table of a sweep folder."""
     r = sub.add_parser("results", help="print the estimates table of a sweep folder")
     r.add_argument("dir", metavar="DIR")
-    r.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples (default 10000)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap draws (default 0)")
+    r.add_argument("--n-boot", type=int, help="bootstrap resamples (default: the config's analysis.n_boot, else 10000)")
+    r.add_argument("--seed", type=int, help="seed of the bootstrap draws (default: the config's analysis.seed, else 0)")
     r.set_defaults(func=cmd_results)
 
 
@@ -1076,8 +1126,9 @@ def _add_report_command(sub) -> None:
     r = sub.add_parser("report", help="one self-contained HTML report (and a Markdown twin) over a sweep folder")
     r.add_argument("dir", help="sweep folder written by `shortcutlab sweep`")
     r.add_argument("--out", help="report folder (default DIR/report; replaced whole)")
-    r.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the estimates (default 2000)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    r.add_argument("--n-boot", type=int, help="bootstrap resamples of the estimates (default: the config's analysis.n_boot, "
+                                             "else 2000)")
+    r.add_argument("--seed", type=int, help="seed of the resampling (default: the config's analysis.seed, else 0)")
     r.add_argument("--no-examples", action="store_true", help="leave out the example crops (no model is loaded)")
     r.add_argument("--device", default="cpu", help="where the example crops' models run")
     r.set_defaults(func=cmd_report)
