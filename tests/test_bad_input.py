@@ -3131,6 +3131,84 @@ def test_i22_locate_cli_refuses_a_json_out(tmp_path, capsys) -> None:
     assert "would be overwritten by its JSON sidecar" in line
 
 
+# --- registration and the sweep config's analysis: (issue 23, item 5; slice "registration") ---
+from shortcutlab.sweep.registration import RegistrationError as _RegistrationErrorReg  # noqa: E402
+
+
+def _analysis_reg(text: str):
+    return _load_sweep(_SWEEP_YAML + "analysis: " + text + "\n")
+
+
+def _check_against_reg(content: bytes | None):
+    """`check_registration` of the small config against a registration file holding `content`
+    (None: no file)."""
+    def call(tmp_path):
+        from shortcutlab.sweep.config import load_config
+        from shortcutlab.sweep.registration import check_registration
+
+        reg = tmp_path / "registration.json"
+        if content is not None:
+            reg.write_bytes(content)
+        check_registration(load_config(_sweep_config(tmp_path, _SWEEP_YAML)), str(reg))
+
+    return call
+
+
+REG_CASES = [
+    Case("reg-analysis-not-a-mapping", _analysis_reg("10000"), SweepConfigError,
+         ("sweep.yaml", "analysis", "expected a mapping", "10000")),
+    Case("reg-analysis-unknown-key", _analysis_reg("{nboot: 100}"), SweepConfigError,
+         ("sweep.yaml", "analysis.nboot", "unknown key", "did you mean 'n_boot'")),
+    Case("reg-analysis-negative-n-boot", _analysis_reg("{n_boot: -1}"), SweepConfigError,
+         ("sweep.yaml", "analysis.n_boot", "integer >= 0", "-1")),
+    Case("reg-analysis-n-boot-a-string", _analysis_reg("{n_boot: many}"), SweepConfigError,
+         ("analysis.n_boot", "an integer >= 0", "'many'")),
+    Case("reg-analysis-level-out-of-range", _analysis_reg("{level: 95}"), SweepConfigError,
+         ("analysis.level", "strictly between 0 and 1", "95")),
+    Case("reg-analysis-alpha-zero", _analysis_reg("{alpha: 0}"), SweepConfigError,
+         ("analysis.alpha", "strictly between 0 and 1", "0")),
+    Case("reg-analysis-interval-not-a-string", _analysis_reg("{interval: 3}"), SweepConfigError,
+         ("analysis.interval", "name of an interval method", "3")),
+    Case("reg-analysis-family-not-a-list", _analysis_reg("{families: {primary: H1}}"), SweepConfigError,
+         ("analysis.families.primary", "list of hypothesis labels", "'H1'")),
+    Case("reg-analysis-label-in-two-families", _analysis_reg("{families: {a: [H1, H2], b: [H2]}}"), SweepConfigError,
+         ("analysis.families.b[0]", "'H2'", "already in family 'a'")),
+    Case("reg-analysis-empty-family", _analysis_reg("{families: {a: []}}"), SweepConfigError,
+         ("analysis.families.a", "non-empty list", "[]")),
+    Case("reg-analysis-unknown-estimand", _analysis_reg("{estimands: [leak, leek_cut]}"), SweepConfigError,
+         ("analysis.estimands[1]", "unknown estimand 'leek_cut'", "did you mean 'leak_cut'")),
+    Case("reg-analysis-estimand-twice", _analysis_reg("{estimands: [leak, leak]}"), SweepConfigError,
+         ("analysis.estimands", "'leak' is listed twice")),
+    Case("reg-registration-missing", _check_against_reg(None), _RegistrationErrorReg,
+         ("registration file", "registration.json", "does not exist")),
+    Case("reg-registration-not-json", _check_against_reg(b"{not json"), _RegistrationErrorReg,
+         ("registration file", "registration.json", "is not JSON", "shortcutlab register")),
+    Case("reg-registration-not-an-object", _check_against_reg(b"[1, 2]"), _RegistrationErrorReg,
+         ("registration.json", "holds a JSON list, not an object")),
+    Case("reg-registration-no-splits", _check_against_reg(b'{"config": {}, "design": {}, "analysis": {}, "code": {}}'),
+         _RegistrationErrorReg, ("registration.json", "no 'splits' list", "not written by `shortcutlab register`")),
+]
+
+
+@pytest.mark.parametrize("case", REG_CASES, ids=[c.id for c in REG_CASES])
+def test_reg_registration_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_reg_cli_sweep_with_a_missing_registration_writes_nothing(tmp_path, capsys) -> None:
+    config = _sweep_config(tmp_path, _SWEEP_YAML)
+    line = cli_error(["sweep", config, "--out", str(tmp_path / "out"), "--registration", str(tmp_path / "nope.json")], capsys)
+    assert line.startswith("shortcutlab sweep: error: registration file") and "nope.json" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_reg_cli_register_a_bad_config_writes_nothing(tmp_path, capsys) -> None:
+    config = _sweep_config(tmp_path, _SWEEP_YAML + "analysis: {level: 2}\n")
+    line = cli_error(["register", config, "--out", str(tmp_path / "reg.json")], capsys)
+    assert line.startswith("shortcutlab register: error:") and "analysis.level" in line
+    assert not (tmp_path / "reg.json").exists()
+
+
 # --- power (issue 23, item 4): `shortcutlab power` and shortcutlab.stats.power --------------------
 from shortcutlab.stats.power import Design as _DesignPw, LeakComponents as _LeakComponentsPw  # noqa: E402
 from shortcutlab.stats.power import PowerError as _PowerErrorPw, parse_params as _parse_params_pw  # noqa: E402
@@ -3171,25 +3249,6 @@ def _pw_cli(*extra, pilot=None):
                 "--out", str(tmp_path / "out"), *extra]
         args = build_parser().parse_args(argv)
         return args.func(args)
-# --- registration and the sweep config's analysis: (issue 23, item 5; slice "registration") ---
-from shortcutlab.sweep.registration import RegistrationError as _RegistrationErrorReg  # noqa: E402
-
-
-def _analysis_reg(text: str):
-    return _load_sweep(_SWEEP_YAML + "analysis: " + text + "\n")
-
-
-def _check_against_reg(content: bytes | None):
-    """`check_registration` of the small config against a registration file holding `content`
-    (None: no file)."""
-    def call(tmp_path):
-        from shortcutlab.sweep.config import load_config
-        from shortcutlab.sweep.registration import check_registration
-
-        reg = tmp_path / "registration.json"
-        if content is not None:
-            reg.write_bytes(content)
-        check_registration(load_config(_sweep_config(tmp_path, _SWEEP_YAML)), str(reg))
 
     return call
 
@@ -3251,56 +3310,3 @@ def test_i23pw_cli_power_refuses_a_foreign_out_folder(tmp_path, capsys) -> None:
 def test_i23pw_cli_power_unknown_param_is_one_line(tmp_path, capsys) -> None:
     line = cli_error(["power", "--params", "sd_sead=0.004", "--out", str(tmp_path / "o")], capsys)
     assert "'sd_sead'" in line and not (tmp_path / "o").exists()
-REG_CASES = [
-    Case("reg-analysis-not-a-mapping", _analysis_reg("10000"), SweepConfigError,
-         ("sweep.yaml", "analysis", "expected a mapping", "10000")),
-    Case("reg-analysis-unknown-key", _analysis_reg("{nboot: 100}"), SweepConfigError,
-         ("sweep.yaml", "analysis.nboot", "unknown key", "did you mean 'n_boot'")),
-    Case("reg-analysis-negative-n-boot", _analysis_reg("{n_boot: -1}"), SweepConfigError,
-         ("sweep.yaml", "analysis.n_boot", "integer >= 0", "-1")),
-    Case("reg-analysis-n-boot-a-string", _analysis_reg("{n_boot: many}"), SweepConfigError,
-         ("analysis.n_boot", "an integer >= 0", "'many'")),
-    Case("reg-analysis-level-out-of-range", _analysis_reg("{level: 95}"), SweepConfigError,
-         ("analysis.level", "strictly between 0 and 1", "95")),
-    Case("reg-analysis-alpha-zero", _analysis_reg("{alpha: 0}"), SweepConfigError,
-         ("analysis.alpha", "strictly between 0 and 1", "0")),
-    Case("reg-analysis-interval-not-a-string", _analysis_reg("{interval: 3}"), SweepConfigError,
-         ("analysis.interval", "name of an interval method", "3")),
-    Case("reg-analysis-family-not-a-list", _analysis_reg("{families: {primary: H1}}"), SweepConfigError,
-         ("analysis.families.primary", "list of hypothesis labels", "'H1'")),
-    Case("reg-analysis-label-in-two-families", _analysis_reg("{families: {a: [H1, H2], b: [H2]}}"), SweepConfigError,
-         ("analysis.families.b[0]", "'H2'", "already in family 'a'")),
-    Case("reg-analysis-empty-family", _analysis_reg("{families: {a: []}}"), SweepConfigError,
-         ("analysis.families.a", "non-empty list", "[]")),
-    Case("reg-analysis-unknown-estimand", _analysis_reg("{estimands: [leak, leek_cut]}"), SweepConfigError,
-         ("analysis.estimands[1]", "unknown estimand 'leek_cut'", "did you mean 'leak_cut'")),
-    Case("reg-analysis-estimand-twice", _analysis_reg("{estimands: [leak, leak]}"), SweepConfigError,
-         ("analysis.estimands", "'leak' is listed twice")),
-    Case("reg-registration-missing", _check_against_reg(None), _RegistrationErrorReg,
-         ("registration file", "registration.json", "does not exist")),
-    Case("reg-registration-not-json", _check_against_reg(b"{not json"), _RegistrationErrorReg,
-         ("registration file", "registration.json", "is not JSON", "shortcutlab register")),
-    Case("reg-registration-not-an-object", _check_against_reg(b"[1, 2]"), _RegistrationErrorReg,
-         ("registration.json", "holds a JSON list, not an object")),
-    Case("reg-registration-no-splits", _check_against_reg(b'{"config": {}, "design": {}, "analysis": {}, "code": {}}'),
-         _RegistrationErrorReg, ("registration.json", "no 'splits' list", "not written by `shortcutlab register`")),
-]
-
-
-@pytest.mark.parametrize("case", REG_CASES, ids=[c.id for c in REG_CASES])
-def test_reg_registration_bad_input(case: Case, tmp_path) -> None:
-    check(case, tmp_path)
-
-
-def test_reg_cli_sweep_with_a_missing_registration_writes_nothing(tmp_path, capsys) -> None:
-    config = _sweep_config(tmp_path, _SWEEP_YAML)
-    line = cli_error(["sweep", config, "--out", str(tmp_path / "out"), "--registration", str(tmp_path / "nope.json")], capsys)
-    assert line.startswith("shortcutlab sweep: error: registration file") and "nope.json" in line
-    assert not (tmp_path / "out").exists()
-
-
-def test_reg_cli_register_a_bad_config_writes_nothing(tmp_path, capsys) -> None:
-    config = _sweep_config(tmp_path, _SWEEP_YAML + "analysis: {level: 2}\n")
-    line = cli_error(["register", config, "--out", str(tmp_path / "reg.json")], capsys)
-    assert line.startswith("shortcutlab register: error:") and "analysis.level" in line
-    assert not (tmp_path / "reg.json").exists()
