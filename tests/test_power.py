@@ -220,6 +220,19 @@ def test_estimate_components_baseline_and_pilot_effect():
     assert c.pilot_effect == pytest.approx(leak - clean)
 
 
+def test_estimate_components_averages_diversity_levels():
+    """Two diversity levels (models of their own) give the mean of the two levels' variances."""
+    high, _ = pilot_predictions(11, S=4, A=2, P=20, C=4)
+    low, _ = pilot_predictions(12, S=4, A=2, P=20, C=4)
+    low = low.assign(diversity="low", model=low["model"] + "-low", cell=low["cell"].str.replace("high", "low"))
+    both = estimate_components(pd.concat([high, low], ignore_index=True))
+    one = [estimate_components(f) for f in (high, low)]
+    assert any("averaged over 2 diversity levels" in n for n in both.notes)
+    assert both.sd_crop ** 2 == pytest.approx(np.mean([c.sd_crop ** 2 for c in one]))
+    assert both.baseline == pytest.approx(np.mean([high[high["exposure"] == "clean"]["correct"].mean(),
+                                                   low[low["exposure"] == "clean"]["correct"].mean()]))
+
+
 def test_estimate_components_nested_parents_fold_into_sd_parent():
     """Where no parent is tested in two seeds, parent and seed x parent go to sd_parent, noted."""
     pred, _ = pilot_predictions(9, S=4, A=2, P=20, C=4)
