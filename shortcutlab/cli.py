@@ -951,6 +951,7 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_crops_command,
                 _add_masks_command,
                 _add_locate_command,
+                _add_power_command,
                 ):
         add(sub)
     return parser
@@ -1326,6 +1327,103 @@ def _add_crops_command(sub) -> None:
     c.add_argument("--root", metavar="DIR", help="folder relative image paths start from (default: the table's folder)")
     c.add_argument("--compress-level", type=int, default=1, metavar="L", help="zlib level of the crop PNGs, 0 to 9 (default 1)")
     c.set_defaults(func=cmd_crops)
+
+
+# --- power (issue 23, item 4): power of the leak test for a planned factorial ----------------
+def _design_values(text: str, flag: str, low: int) -> list[int]:
+    """A design flag's comma-separated integers, each >= low."""
+    values = _numbers(text, flag, int, " (e.g. 5,10,20)")
+    for v in values:
+        if v < low:
+            raise ShortcutlabError(f"{flag} values must be integers >= {low}; got {v} (in {text!r})")
+    return values
+
+
+def cmd_power(args) -> int:
+    import itertools
+    import warnings
+
+    from shortcutlab.io import claim_output_dir
+    from shortcutlab.report.power import POWER_FILES, pilot_components, write_power
+    from shortcutlab.stats import StatsWarning
+    from shortcutlab.stats.power import Design, parse_params, simulate_power
+
+    designs = dict(seeds=_design_values(args.seeds, "--seeds", 2), archs=_design_values(args.archs, "--archs", 1),
+                   parents=_design_values(args.parents, "--parents", 2))
+    crops = _design_values(args.crops, "--crops", 1) if args.crops else None
+    effects = _numbers(args.effects, "--effects", float, " (fractions, e.g. 0,0.004,0.008)")
+    bad = [e for e in effects if not -1 < e < 1]
+    if bad:
+        raise ShortcutlabError(f"--effects are leak effects as fractions in (-1, 1) (0.008 is 0.8 pp); got {bad[0]!r}")
+    if args.n_sim < 1:
+        raise ShortcutlabError(f"--n-sim takes the number of simulated data sets, an integer >= 1; got {args.n_sim}")
+    if not 0 < args.alpha < 1:
+        raise ShortcutlabError(f"--alpha must be in (0, 1); got {args.alpha}")
+    _check_output_folder(args.out, "--out")
+    claim_output_dir(args.out, "power", POWER_FILES)        # before the simulation, which can take minutes
+    if args.pilot is not None:
+        comp, pilot_crops = pilot_components(args.pilot, condition=args.condition, baseline=args.baseline)
+        source = {"pilot": os.path.abspath(args.pilot), "condition": args.condition, "baseline": args.baseline}
+    else:
+        comp, pilot_crops = parse_params(args.params), 3
+        source = {"params": args.params}
+    crops = crops or [pilot_crops]
+    if args.pool is not None and args.pool < max(designs["parents"]):
+        raise ShortcutlabError(f"--pool is the number of parents each seed draws its test parents from, at least the "
+                               f"largest --parents {max(designs['parents'])}; got {args.pool}")
+    grid = [Design(s, a, p, c, args.pool) for s, a, p, c in itertools.product(designs["seeds"], designs["archs"],
+                                                                             designs["parents"], crops)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StatsWarning)
+        table = simulate_power(comp, grid, effects, test=args.test, n_sim=args.n_sim, alpha=args.alpha,
+                               n_boot=args.n_boot, seed=args.seed)
+    settings = dict(source, pool=args.pool, test=args.test, n_sim=args.n_sim, alpha=args.alpha, n_boot=args.n_boot, seed=args.seed)
+    paths = write_power(args.out, table, comp, settings)
+    print("components (probability scale; pp = x 100): " + ", ".join(
+        f"{k} {getattr(comp, k):.4g}" for k in ("baseline", "sd_seed", "sd_parent", "sd_seed_parent", "sd_seed_arch",
+                                               "sd_crop")) + (f"; pilot leak effect {100 * comp.pilot_effect:+.2f} pp"
+                                                              if comp.pilot_effect == comp.pilot_effect else ""))
+    for note in comp.notes:
+        print(f"note: {note}")
+    shown = table.drop(columns=["alpha", "test"])
+    shown.insert(shown.columns.get_loc("effect"), "effect_pp", 100 * shown.pop("effect"))
+    with _pd_display():
+        print(f"power of the {'paired t on per-seed leak effects' if args.test == 't' else 'two-way cluster bootstrap'} "
+              f"at alpha {args.alpha:g} ({args.n_sim} simulated data sets per row; mc_se: Monte Carlo SE)")
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    for w in caught:
+        print(f"note: {' '.join(str(w.message).split())}")
+    print(f"wrote {paths['power.csv']}, power.png, components.json")
+    return 0
+
+
+def _add_power_command(sub) -> None:
+    """`shortcutlab power`: power of the leak test for planned designs, from a pilot or stated components."""
+    p = sub.add_parser("power", help="power of the leak test for planned designs (a table and a figure)",
+                       description="Simulate planned factorials from variance components of the leak effect (from a pilot "
+                                   "sweep or stated) and report the power of the leak test with its Monte Carlo error.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--pilot", metavar="SWEEP_DIR", help="pilot sweep folder: components estimated from its factorial")
+    src.add_argument("--params", metavar="K=V,...",
+                     help="stated components: baseline, sd_seed, sd_parent, sd_seed_parent, sd_seed_arch, sd_crop "
+                          "(fractions; unnamed ones keep their defaults 0.85, 0, 0, 0, 0, 0.3)")
+    p.add_argument("--seeds", default="5,10,20", help="numbers of seeds (default 5,10,20)")
+    p.add_argument("--archs", default="4,12", help="numbers of architectures (default 4,12)")
+    p.add_argument("--parents", default="50,150", help="numbers of test parents per seed (default 50,150; see --pool)")
+    p.add_argument("--pool", type=int, help="parents each seed draws its test parents from (default: every seed tests "
+                                            "the same parents, a crossed design)")
+    p.add_argument("--crops", help="test crops per parent (default: the pilot's median, or 3 with --params)")
+    p.add_argument("--effects", default="0,0.004,0.008,0.015", help="leak effects as fractions (default 0,0.004,0.008,0.015)")
+    p.add_argument("--test", choices=("t", "bootstrap"), default="t",
+                   help="t: paired t on per-seed effects (default, fast); bootstrap: the registered two-way cluster bootstrap")
+    p.add_argument("--n-sim", type=int, default=500, help="simulated data sets per design and effect (default 500)")
+    p.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples with --test bootstrap (default 200)")
+    p.add_argument("--alpha", type=float, default=0.05, help="level of the test (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
+    p.add_argument("--condition", help="the pilot's factorial condition (needed when it has several)")
+    p.add_argument("--baseline", default="none", help="the pilot's intervention of unaltered crops (default none)")
+    p.add_argument("--out", required=True, help="output folder: power.csv, power.png, components.json")
+    p.set_defaults(func=cmd_power)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3245,3 +3245,106 @@ def _i23t_cases():
 @pytest.mark.parametrize("case", _i23t_cases(), ids=lambda c: c.id)
 def test_i23t_hypotheses_bad_input(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+
+
+# --- power (issue 23, item 4): `shortcutlab power` and shortcutlab.stats.power --------------------
+from shortcutlab.stats.power import Design as _DesignPw, LeakComponents as _LeakComponentsPw  # noqa: E402
+from shortcutlab.stats.power import PowerError as _PowerErrorPw, parse_params as _parse_params_pw  # noqa: E402
+from shortcutlab.stats.power import simulate_power as _simulate_power_pw  # noqa: E402
+from shortcutlab.sweep.runner import SweepError as _SweepErrorPw  # noqa: E402
+
+
+def _pw_pilot(tmp_path, *, conditions=("pilot",), seeds=(0, 1), exposures=("leak", "clean")) -> str:
+    """A tiny sweep-shaped folder: predictions.parquet of a factorial (2 archs, 3 parents x 2 crops)."""
+    import os
+
+    from shortcutlab.sweep.folder import SweepLayout
+
+    rows = []
+    for cond in conditions:
+        for s in seeds:
+            for a in ("a0", "a1"):
+                for e in exposures:
+                    for p in range(3):
+                        for c in range(2):
+                            rows.append(dict(model=f"{cond}-{a}-{e}-{s}", condition=cond, arch=a, seed=s, protocol="factorial",
+                                             cell=f"{e}-high", exposure=e, diversity="high", intervention="none",
+                                             id=f"p{p}c{c}", parent=f"p{p}", label=0, pred=0, correct=(p + c + s) % 2 == 0,
+                                             split_sha256=""))
+    folder = tmp_path / "pilot"
+    os.makedirs(folder, exist_ok=True)
+    _pd.DataFrame(rows).to_parquet(SweepLayout(str(folder)).table("predictions"), index=False)
+    return str(folder)
+
+
+def _pw_cli(*extra, pilot=None):
+    """A call of `cmd_power` through the parser (errors raise, as in `main` before it prints them)."""
+    def call(tmp_path):
+        from shortcutlab.cli import build_parser
+
+        src = ["--pilot", pilot(tmp_path)] if pilot else ["--params", "sd_seed=0.004"]
+        argv = ["power", *src, "--seeds", "3", "--archs", "1", "--parents", "4", "--n-sim", "2", "--effects", "0",
+                "--out", str(tmp_path / "out"), *extra]
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+
+    return call
+
+
+I23PW_CASES = [
+    Case("i23pw-params-unknown-name", lambda t: _parse_params_pw("sd_seeds=0.01"), _PowerErrorPw,
+         ("'sd_seeds'", "unknown", "sd_seed, sd_parent")),
+    Case("i23pw-params-no-equals", lambda t: _parse_params_pw("sd_seed"), _PowerErrorPw, ("'sd_seed'", "name=value")),
+    Case("i23pw-params-not-a-number", lambda t: _parse_params_pw("sd_crop=big"), _PowerErrorPw,
+         ("sd_crop", "'big'", "not a number")),
+    Case("i23pw-params-twice", lambda t: _parse_params_pw("sd_seed=0.1,sd_seed=0.2"), _PowerErrorPw, ("'sd_seed'", "twice")),
+    Case("i23pw-params-negative-sd", lambda t: _parse_params_pw("sd_parent=-0.01"), _PowerErrorPw,
+         ("'sd_parent'", ">= 0", "-0.01")),
+    Case("i23pw-params-baseline-out-of-range", lambda t: _parse_params_pw("baseline=85"), _PowerErrorPw,
+         ("'baseline'", "(0, 1)", "85")),
+    Case("i23pw-params-crop-sd-above-one", lambda t: _LeakComponentsPw(sd_crop=1.5), _PowerErrorPw, ("'sd_crop'", "at most 1")),
+    Case("i23pw-design-one-seed", lambda t: _DesignPw(1, 4, 50, 3), _PowerErrorPw, ("n_seeds", ">= 2", "got 1")),
+    Case("i23pw-design-pool-below-parents", lambda t: _DesignPw(3, 1, 50, 3, 20), _PowerErrorPw, ("n_pool", ">= 50", "20")),
+    Case("i23pw-cli-pool-below-parents", _pw_cli("--pool", "3"), ShortcutlabError, ("--pool", "--parents 4", "got 3")),
+    Case("i23pw-effect-in-pp", lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0, 1.5]),
+         _PowerErrorPw, ("effect 1.5", "(-1, 1)", "0.8 pp")),
+    Case("i23pw-unknown-test", lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0], test="z"),
+         _PowerErrorPw, ("'z'", "t, bootstrap")),
+    Case("i23pw-bootstrap-too-few-resamples",
+         lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0], test="bootstrap", n_boot=5),
+         _PowerErrorPw, ("n_boot", ">= 19", "5")),
+    Case("i23pw-cli-seeds-below-two", _pw_cli("--seeds", "1,5"), ShortcutlabError, ("--seeds", ">= 2", "got 1", "'1,5'")),
+    Case("i23pw-cli-effects-not-numbers", _pw_cli("--effects", "0,0.5pp"), ShortcutlabError, ("--effects", "'0.5pp'")),
+    Case("i23pw-cli-effect-in-pp", _pw_cli("--effects", "0,8"), ShortcutlabError, ("--effects", "(-1, 1)", "8.0")),
+    Case("i23pw-cli-n-sim-zero", _pw_cli("--n-sim", "0"), ShortcutlabError, ("--n-sim", ">= 1", "got 0")),
+    Case("i23pw-cli-alpha", _pw_cli("--alpha", "5"), ShortcutlabError, ("--alpha", "(0, 1)", "5")),
+    Case("i23pw-pilot-missing", _pw_cli(pilot=lambda t: str(t / "nowhere")), _SweepErrorPw, ("nowhere",)),
+    Case("i23pw-pilot-no-factorial", _pw_cli(pilot=lambda t: _pw_pilot(t, exposures=("",))), _PowerErrorPw,
+         ("pilot", "no factorial prediction", "'leak' or 'clean'")),
+    Case("i23pw-pilot-two-conditions", _pw_cli(pilot=lambda t: _pw_pilot(t, conditions=("A", "B"))), _PowerErrorPw,
+         ("2 factorial conditions", "A, B", "--condition")),
+    Case("i23pw-pilot-unknown-condition", _pw_cli("--condition", "C", pilot=lambda t: _pw_pilot(t)), _PowerErrorPw,
+         ("no factorial condition 'C'", "pilot")),
+    Case("i23pw-pilot-one-seed", _pw_cli(pilot=lambda t: _pw_pilot(t, seeds=(0,))), _PowerErrorPw,
+         ("diversity 'high'", "1 seed(s)", "at least 2")),
+]
+
+
+@pytest.mark.parametrize("case", I23PW_CASES, ids=[c.id for c in I23PW_CASES])
+def test_i23pw_power_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i23pw_cli_power_refuses_a_foreign_out_folder(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    line = cli_error(["power", "--params", "sd_seed=0.004", "--seeds", "3", "--archs", "1", "--parents", "4",
+                      "--n-sim", "2", "--effects", "0", "--out", str(out)], capsys)
+    assert line.startswith("shortcutlab power: error:") and "notes.txt" in line
+    assert (out / "notes.txt").read_text() == "mine" and not (out / "power.csv").exists()
+
+
+def test_i23pw_cli_power_unknown_param_is_one_line(tmp_path, capsys) -> None:
+    line = cli_error(["power", "--params", "sd_sead=0.004", "--out", str(tmp_path / "o")], capsys)
+    assert "'sd_sead'" in line and not (tmp_path / "o").exists()
