@@ -37,7 +37,10 @@ class CheckOutcome:
         probe_before, probe_after: the fitted `ParentProbe`s (after: on the mapped features).
         R_before, R_after, floor, above_floor_before, above_floor_after: fractions.
         removed_share: (above_floor_before - above_floor_after) / above_floor_before (NaN when
-            nothing is above the floor).
+            nothing is above the floor); `probes.adversary.AdversaryCheck` measures it against
+            R on its weight-0 map's features instead, and keeps this one as ``removed_share_raw``.
+            The floor is the probe's out-of-sample class-only floor, the same before and after
+            (same crops, same folds), so a removal down to the class prior gives 1, not more.
         accuracy_before, accuracy_after: test-set name -> class accuracy of the head before / after.
         check_on: the test set the cost is measured on; cost: accuracy_before - accuracy_after
             there (fraction; 0.01 = 1 pp).
