@@ -61,7 +61,7 @@ import torch.nn.functional as F
 
 from shortcutlab.models.grad_reverse import dann_lambda, grad_reverse
 
-from .before_after import CheckDiagnostic, CheckOutcome, check_inputs, check_rows, fit_after, fit_before, outcome
+from .before_after import CheckDiagnostic, CheckOutcome, check_inputs, check_reused_probe, check_rows, fit_after, fit_before, outcome
 from .logistic import standardise, torch_threads
 from .base import DiagnosticContext, row
 from .errors import DiagnosticError
@@ -312,15 +312,17 @@ def adversary_check(X, labels, parents, *, train_idx, test_sets: Mapping[str, np
         def mapped_by(settings: dict):
             return lambda mask: LinearAdversary(**settings).fit(X[mask], labels[mask], parents[mask]).transform(X)
 
-        before = fit_before(probe, probe_before, X, labels, parents)
-        baseline = probe_baseline if probe_baseline is not None else fit_after(probe, X, labels, parents, cross_fit=mapped_by(zero))
+        before = fit_before(probe, probe_before, X, labels, parents, who=who)
+        baseline = (check_reused_probe(who, "probe_baseline", probe_baseline, len(X)) if probe_baseline is not None
+                    else fit_after(probe, X, labels, parents, cross_fit=mapped_by(zero)))
         after = baseline if params["weight"] == 0 else fit_after(probe, X, labels, parents, cross_fit=mapped_by(params))
     else:
         rows = np.setdiff1d(np.arange(len(X)), train_idx)
         if len(rows) == 0:
             raise DiagnosticError(f"{who}(cross_fit=False) measures R on the rows outside train_idx; there are none")
-        before = fit_before(probe, probe_before, X[rows], labels[rows], parents[rows])
-        baseline = probe_baseline if probe_baseline is not None else fit_after(probe, base.transform(X[rows]), labels[rows], parents[rows])
+        before = fit_before(probe, probe_before, X[rows], labels[rows], parents[rows], who=who)
+        baseline = (check_reused_probe(who, "probe_baseline", probe_baseline, len(rows)) if probe_baseline is not None
+                    else fit_after(probe, base.transform(X[rows]), labels[rows], parents[rows]))
         after = baseline if params["weight"] == 0 else fit_after(probe, adv.transform(X[rows]), labels[rows], parents[rows])
     acc_b, acc_a = {}, {}
     for name, r in test_sets.items():
@@ -328,7 +330,7 @@ def adversary_check(X, labels, parents, *, train_idx, test_sets: Mapping[str, np
         acc_b[name] = base.score(X[r], labels[r]) if len(r) else math.nan
         acc_a[name] = adv.score(X[r], labels[r]) if len(r) else math.nan
     raw = outcome(before, after, acc_b, acc_a, check_on, min_removed, max_cost)
-    same = outcome(baseline, after, acc_b, acc_a, check_on, min_removed, max_cost)  # the check: like against like
+    same = outcome(baseline, after, acc_b, acc_a, check_on, min_removed, max_cost, warn=f"{who} (R at weight 0)")  # like against like
     return AdversaryCheck(
         adversary=adv, baseline=base, adversary_accuracy=adv.adversary_accuracy_, probe_baseline=baseline,
         R_baseline=baseline.R_, above_floor_baseline=same["above_floor_before"], removed_share_raw=raw["removed_share"],

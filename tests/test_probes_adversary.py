@@ -166,3 +166,18 @@ def test_linear_adversary_diagnostic_rows() -> None:
     assert by[("check_passed", "weight=1,test_set=test")]["value"] in (0.0, 1.0)
     # cross_fit=False: R before and after on the test side only (less its singleton parents).
     assert by[("R_after", "weight=1")]["n"] == by[("R", "weight=1")]["n"] <= int((side == 2).sum())
+
+
+def test_nothing_above_the_floor_at_weight_0_is_warned_and_recorded() -> None:
+    """R on the weight-0 map's features at the floor (few, weakly coded test crops): nothing to
+    remove. A warning says so; the rows still come, the share NaN and the check failed."""
+    from probes import DiagnosticWarning
+
+    X, labels, parents = planted(ppc=4, crops=10, dim=12, seed=5)
+    side = np.where(np.random.default_rng(0).random(len(labels)) < 0.3, 2, 0)
+    ctx = context_with_features(X, labels, parents, side=side)
+    with pytest.warns(DiagnosticWarning, match=r"R at weight 0\).*not above the class-only floor"):
+        rows = get("linear_adversary", weights=(1.0,), steps=50, cross_fit=False, Cs=1.0, max_cost=0.5).run(ctx)
+    by = {(r["metric"], r["setting"]): r["value"] for r in rows}
+    assert by[("R_baseline", "weight=1")] <= by[("floor", "weight=1")]
+    assert np.isnan(by[("removed_share", "weight=1")]) and by[("check_passed", "weight=1,test_set=test")] == 0.0
