@@ -503,6 +503,10 @@ def test_cascade_depth_counts_blocks_in_each_family():
     resnet = timm_adapter("resnet18")
     layers = [f"layer{s}.{i}" for s in (4, 3, 2, 1) for i in reversed(range(len(getattr(resnet.model, f"layer{s}"))))]
     assert cascade_blocks(resnet, batch(1, 64)) == layers  # no 'bn1', 'conv1' (the stem)
+    effnet = timm_adapter("efficientnet_b0")
+    stages = effnet.model.blocks
+    want = [f"blocks.{s}.{i}" for s in reversed(range(len(stages))) for i in reversed(range(len(stages[s])))]
+    assert cascade_blocks(effnet, batch(1, 64)) == want  # no 'conv_head', 'bn2' (above the top block) or 'conv_stem'
     convnext = wrap(timm.create_model("convnext_atto", pretrained=False, num_classes=5).eval())
     stages = convnext.model.stages
     want = [f"stages.{s}.blocks.{i}" for s in reversed(range(len(stages))) for i in reversed(range(len(stages[s].blocks)))]
