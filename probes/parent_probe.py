@@ -504,6 +504,10 @@ def _constant_columns(who: str, X: np.ndarray, keep: np.ndarray) -> int:
 def class_only_correct(parents: np.ndarray, folds: np.ndarray) -> float:
     """Expected crops named correctly by the class-only predictor, fitted and scored out of sample.
 
+    The majority-class ("ZeroR") baseline under the probe's own cross-validation, i.e.
+    scikit-learn's ``DummyClassifier(strategy="most_frequent")`` fitted per class on the training
+    folds (tested equal where no parents tie): a baseline must be scored as the probe is, or
+    the difference R - floor mixes what the features add with what in-sample scoring adds.
     For each fold f, the predictor "always the largest parent" is fitted on the crops of the
     other folds and scored on fold f's crops, as the probe is: it names the parent with the
     most training crops; a tie among several is broken uniformly at random, so its expected

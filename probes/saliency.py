@@ -713,7 +713,11 @@ def cascade_blocks(adapter: ModelAdapter, x: torch.Tensor) -> list[str]:
     """The blocks a cascading randomisation counts, from the top (nearest the head) down.
 
     ``cascade=k`` re-initialises the last k **blocks** to run before the head, and the modules
-    with parameters that run between them; depth counts blocks, never single layers. A block is
+    with parameters that run between them; depth counts blocks, never single layers. Adebayo et
+    al.'s cascading randomisation goes down an Inception's named layers one at a time; in a
+    residual or transformer network the unit of depth is the block (a single LayerNorm or
+    layer-scale vector re-initialised alone leaves the maps almost as they were and would spend
+    a depth on nothing). A block is
     a numbered unit that holds no other (`_cascade_items`), ordered by when it first runs in a
     forward pass of `x`. What depth k randomises, by family:
 
