@@ -3348,3 +3348,37 @@ def test_i23pw_cli_power_refuses_a_foreign_out_folder(tmp_path, capsys) -> None:
 def test_i23pw_cli_power_unknown_param_is_one_line(tmp_path, capsys) -> None:
     line = cli_error(["power", "--params", "sd_sead=0.004", "--out", str(tmp_path / "o")], capsys)
     assert "'sd_sead'" in line and not (tmp_path / "o").exists()
+# ------------------------------------------------------------------------------ issue 23 probes: reused probes of adversary_check
+def _i23p_data():
+    import numpy as _np23p
+
+    rng = _np23p.random.default_rng(0)
+    parents = _np23p.repeat(_np23p.arange(8), 4)
+    labels = parents % 2
+    X = rng.normal(size=(32, 4)) + 2.0 * rng.normal(size=(8, 4))[parents]
+    return X, labels, parents, _np23p.arange(0, 32, 2), _np23p.arange(1, 32, 2)
+
+
+def _i23p_check(**reuse):
+    def call(tmp_path):
+        from probes import LinearAdversary, ParentProbe, adversary_check
+
+        X, labels, parents, tr, te = _i23p_data()
+        got = {k: (ParentProbe(n_folds=2, Cs=1.0).fit(X[:24], labels[:24], parents[:24]) if v == "other rows" else v)
+               for k, v in reuse.items()}
+        return adversary_check(X, labels, parents, train_idx=tr, test_sets={"test": te}, probe=ParentProbe(n_folds=2, Cs=1.0),
+                               adversary=LinearAdversary(weight=1.0, steps=2), cross_fit=False, **got)
+    return call
+
+
+I23P_CASES = [
+    Case("i23p-adversary-probe-baseline-other-rows", _i23p_check(probe_baseline="other rows"), DiagnosticError,
+         ("adversary_check", "probe_baseline", "fitted on 24 rows", "measures R on 16 rows", "same rows")),
+    Case("i23p-adversary-probe-before-not-a-probe", _i23p_check(probe_before=0.4), DiagnosticError,
+         ("adversary_check", "probe_before", "fitted ParentProbe", "float")),
+]
+
+
+@pytest.mark.parametrize("case", I23P_CASES, ids=[c.id for c in I23P_CASES])
+def test_i23p_probes_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
