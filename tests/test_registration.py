@@ -302,31 +302,41 @@ def test_estimates_options_pass_families_and_the_method_only_where_estimates_tak
     assert notes == []
 
 
-def test_family_labels_are_checked_by_the_statistics_and_their_families_are_the_default(monkeypatch):
-    """Where the statistics name the hypotheses (`shortcutlab.stats.hypotheses`, issue 23 item
-    2), a family label they do not know is a config error at its key path, and the registered
-    default families are theirs; a stand-in module plays them here, so the test holds before
-    and after that module arrives."""
-    import sys
-    import types
-
-    from shortcutlab.stats import StatsError
+def test_family_labels_are_checked_by_the_statistics_and_their_families_are_the_default():
+    """A family label the statistics do not know is a config error at its key path; the
+    registered default families are the paper's (reference 000: H1 alone, H2-H5, F1-F8); a
+    label the config's `hypotheses` names may stand in a family."""
     from shortcutlab.sweep.config import SweepConfigError, validate
     from shortcutlab.sweep.registration import analysis_settings
 
-    fake = types.ModuleType("shortcutlab.stats.hypotheses")
-    fake.PAPER_FAMILIES = {"primary": ("H1",), "study": ("H2", "H3")}
-
-    def check_families(families, labels=()):
-        unknown = [x for v in families.values() for x in v if x not in ("H1", "H2", "H3")]
-        if unknown:
-            raise StatsError(f"families: unknown hypothesis label(s) {unknown[0]!r}; known: H1, H2, H3")
-
-    fake.check_families = check_families
-    monkeypatch.setitem(sys.modules, "shortcutlab.stats.hypotheses", fake)
     bare = {k: v for k, v in TINY.items() if k != "analysis"}
-    with pytest.raises(SweepConfigError, match=r"analysis\.families: unknown hypothesis label\(s\) 'H9'; known: H1, H2, H3"):
+    with pytest.raises(SweepConfigError, match=r"analysis\.families: unknown hypothesis label\(s\) 'H9'"):
         validate(dict(bare, analysis={"families": {"primary": ["H1"], "other": ["H9"]}}))
-    assert analysis_settings(validate(bare))["families"] == {"primary": ["H1"], "study": ["H2", "H3"]}
+    assert analysis_settings(validate(bare))["families"] == {
+        "primary": ["H1"], "study": ["H2", "H3", "H4", "H5"], "follow_up": [f"F{i}" for i in range(1, 9)]}
     given = {"a": ["H1", "H2"], "b": ["H3"]}
     assert analysis_settings(validate(dict(bare, analysis={"families": given})))["families"] == given
+    own = {"hypotheses": {"G1": {"estimand": "leak_pooled"}}, "families": {"mine": ["G1"]}}
+    assert validate(dict(bare, analysis=own)).analysis["hypotheses"] == {"G1": {"estimand": "leak_pooled"}}
+    with pytest.raises(SweepConfigError, match=r"analysis\.hypotheses\.G1: unknown column\(s\) 'estimator'"):
+        validate(dict(bare, analysis={"hypotheses": {"G1": {"estimator": "leak"}}}))
+
+
+def test_the_config_hypotheses_name_the_rows_of_the_estimates(tmp_path):
+    """`analysis.hypotheses` reaches `estimates`: the row it selects carries the label and is
+    Holm-adjusted in the family the config gives it (here alone: p_holm equals p)."""
+    from shortcutlab.stats import simulate_factorial
+    from shortcutlab.stats.estimands import estimates
+    from shortcutlab.sweep.registration import estimates_options
+
+    pred = simulate_factorial(n_seeds=4, n_parents=20, effect=0.1, seed=3)
+    settings = {"n_boot": 200, "seed": 0, "level": 0.95, "alpha": 0.05, "families": {"mine": ["G1"]},
+                "hypotheses": {"G1": {"estimand": "leak", "intervention": "none"}}}
+    kw, notes = estimates_options(settings)
+    assert notes == []
+    table = estimates(pred, **kw)
+    g1 = table[table["hypothesis"] == "G1"]
+    leak = table[(table["estimand"] == "leak") & (table["intervention"] == "none")]
+    assert len(g1) == len(leak) == 1 and set(g1["family"]) == {"mine"}
+    assert g1["p_holm"].iloc[0] == pytest.approx(g1["p_value"].iloc[0])  # alone in its family
+    assert set(table["hypothesis"].dropna()) - {""} == {"G1"}

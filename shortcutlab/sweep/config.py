@@ -19,7 +19,8 @@ Schema (every key but `data`, `split`, `seeds` and `models` optional)::
     threads: 1
     limits: {tasks: 100000, seeds: 10000}   # caps (DEFAULT_LIMITS); `sweep --limit NAME=N` sets any
     analysis: {n_boot: 10000, seed: 0, level: 0.95, interval: cgm, alpha: 0.05,
-               families: {primary: [H1, H2]}, estimands: [leak, leak_cut]}   # `results`/`report` defaults; registered
+               families: {primary: [H1, H2]}, estimands: [leak, leak_cut],
+               hypotheses: {H3: {estimand: leak_pooled, condition: color}}}   # `results`/`report` defaults; registered
 
 Lists expand to a grid: a list of mechanisms gives one data condition per entry (an entry may
 itself be a list: mechanisms planted together), a list for any other synthetic setting, split
@@ -929,10 +930,10 @@ def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:
 
 # ------------------------------------------------------------------------------- analysis
 #: the keys of the `analysis:` mapping and their defaults (None: the statistics' own default,
-#: `interval` the estimates' interval method, `families` their Holm families, `estimands`
-#: every registered estimand)
+#: `interval` the estimates' interval method, `families` their Holm families, `hypotheses` the
+#: default rows of each label, `estimands` every registered estimand)
 ANALYSIS_DEFAULTS = {"n_boot": 10_000, "seed": 0, "level": 0.95, "interval": None, "alpha": 0.05, "families": None,
-                     "estimands": None}
+                     "hypotheses": None, "estimands": None}
 
 
 def _fraction(ck: _Checker, path: str, value: Any) -> float:
@@ -942,8 +943,23 @@ def _fraction(ck: _Checker, path: str, value: Any) -> float:
     return float(value)
 
 
-def _families(ck: _Checker, value: Any) -> dict[str, list[str]]:
-    """Holm families: family name -> the labels of its hypotheses (each label in one family)."""
+def _hypotheses(ck: _Checker, value: Any) -> dict[str, dict]:
+    """Which rows carry which hypothesis label: label -> selector {estimates column: value(s)}
+    (`shortcutlab.stats.hypotheses.check_hypotheses`); replaces the default labels."""
+    from shortcutlab.stats import StatsError
+    from shortcutlab.stats.hypotheses import check_hypotheses
+
+    ck.typed("analysis.hypotheses", value, (dict,), "a mapping hypothesis label -> selector {column: value(s)}")
+    try:
+        check_hypotheses(value)
+    except StatsError as e:
+        raise ck.error("analysis." + str(e).split(":", 1)[0], str(e).split(":", 1)[1].strip()) from None
+    return {str(k): {c: (list(v) if isinstance(v, (list, tuple)) else v) for c, v in sel.items()} for k, sel in value.items()}
+
+
+def _families(ck: _Checker, value: Any, own_labels=()) -> dict[str, list[str]]:
+    """Holm families: family name -> the labels of its hypotheses (each label in one family);
+    `own_labels`: those the config's `hypotheses` names beside the paper's."""
     ck.typed("analysis.families", value, (dict,), "a mapping family name -> list of hypothesis labels")
     if not value:
         raise ck.error("analysis.families", "expected at least one family (leave the key out for the default families)")
@@ -964,7 +980,7 @@ def _families(ck: _Checker, value: Any) -> dict[str, list[str]]:
     from shortcutlab.stats.hypotheses import check_families
 
     try:  # each label must be one the statistics know
-        check_families(value)
+        check_families(value, own_labels)
     except StatsError as e:
         raise ck.error("analysis.families", str(e).removeprefix("families: ")) from None
     return {k: list(v) for k, v in value.items()}
@@ -991,7 +1007,8 @@ def check_analysis(value: Any, source: str = "") -> dict:
     """Check a config's `analysis:` mapping (the settings a study registers for its
     estimates): `n_boot` (resamples >= 0), `seed` (>= 0), `level` and `alpha` (in (0, 1)),
     `interval` (the name of the interval method, a string passed through to
-    `shortcutlab.stats.estimates`), `families` (Holm families: name -> hypothesis labels) and
+    `shortcutlab.stats.estimates`), `families` (Holm families: name -> hypothesis labels),
+    `hypotheses` (label -> selector of the rows it names, replacing the default labels) and
     `estimands` (registered names).
 
     Args:
@@ -1021,8 +1038,10 @@ def check_analysis(value: Any, source: str = "") -> dict:
         if not v.strip():
             raise ck.error("analysis.interval", "expected the name of an interval method; got an empty string")
         out["interval"] = v
+    if a.get("hypotheses") is not None:
+        out["hypotheses"] = _hypotheses(ck, a["hypotheses"])
     if a.get("families") is not None:
-        out["families"] = _families(ck, a["families"])
+        out["families"] = _families(ck, a["families"], tuple(out["hypotheses"] or ()))
     if a.get("estimands") is not None:
         out["estimands"] = _estimand_names(ck, a["estimands"])
     return out

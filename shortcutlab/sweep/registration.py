@@ -428,6 +428,11 @@ def estimates_options(settings: dict) -> tuple[dict, list[str]]:
             kw["families"] = settings["families"]
         else:
             notes.append("analysis.families is not applied: this version of the estimates has its own Holm families")
+    if settings.get("hypotheses") is not None:
+        if "hypotheses" in takes:
+            kw["hypotheses"] = settings["hypotheses"]
+        else:
+            notes.append("analysis.hypotheses is not applied: this version of the estimates names no hypotheses")
     if settings.get("estimands") is not None and "estimands" in takes:
         kw["estimands"] = settings["estimands"]
     return kw, notes
