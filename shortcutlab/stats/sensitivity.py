@@ -114,23 +114,28 @@ def seed_differences(frame: pd.DataFrame) -> SeedDifferences:
     Returns:
         `SeedDifferences` (empty arrays when no seed holds a complete unit).
     """
-    g = frame.groupby(["unit", "term", "seed"], sort=True, observed=True).agg(
-        s=("correct", "sum"), n=("correct", "size"), sign=("sign", "first")).reset_index()
-    g = g[g["n"] > 0]
-    g["part"] = g["sign"] * g["s"] / g["n"]
-    n_terms = frame.groupby("unit", observed=True)["term"].nunique()
-    per = g.groupby(["unit", "seed"], sort=True, observed=True).agg(
-        d=("part", "sum"), n=("n", "mean"), k=("term", "nunique")).reset_index()
-    per = per[per["k"].to_numpy() == n_terms.reindex(per["unit"]).to_numpy()]
-    if per.empty:
-        empty = np.array([], dtype=float)
-        return SeedDifferences(np.array([], dtype=np.int64), empty, empty)
-    per["r"] = per["n"] / per.groupby("unit")["n"].transform("sum")
-    units = per["unit"].nunique()
-    per["rd"] = per["r"] * per["d"]
-    by_seed = per.groupby("seed", sort=True)[["r", "rd"]].sum() / units
-    w = by_seed["r"].to_numpy(float)
-    return SeedDifferences(by_seed.index.to_numpy(), by_seed["rd"].to_numpy(float) / w, w)
+    seed_code, seeds = pd.factorize(frame["seed"], sort=True)
+    cell = group_codes(frame, ["unit", "term"])
+    K, S = (int(cell.max()) + 1, len(seeds)) if len(cell) else (0, 0)
+    first = np.unique(cell, return_index=True)[1]
+    unit_of = pd.factorize(frame["unit"].to_numpy()[first])[0]
+    sign = frame["sign"].to_numpy(np.float64)[first]
+    flat = cell * S + seed_code
+    n = np.bincount(flat, minlength=K * S).reshape(K, S).astype(np.float64)
+    hit = np.bincount(flat, weights=frame["correct"].to_numpy(np.float64), minlength=K * S).reshape(K, S)
+    acc = np.divide(hit, n, out=np.zeros_like(hit), where=n > 0)
+    to_unit = np.zeros((int(unit_of.max()) + 1 if K else 0, K))
+    to_unit[unit_of, np.arange(K)] = 1.0
+    n_terms = to_unit.sum(axis=1, keepdims=True)
+    complete = (to_unit @ (n > 0)) == n_terms                     # (U, S): the seed holds every term of the unit
+    d = to_unit @ (sign[:, None] * acc)                            # d_su
+    n_us = np.where(complete, (to_unit @ n) / n_terms, 0.0)       # n_su
+    used = n_us.sum(axis=1) > 0
+    r = n_us[used] / n_us[used].sum(axis=1, keepdims=True)
+    w = r.sum(axis=0) / max(int(used.sum()), 1)
+    rd = (r * d[used]).sum(axis=0) / max(int(used.sum()), 1)
+    keep = w > 0
+    return SeedDifferences(np.asarray(seeds)[keep], rd[keep] / w[keep], w[keep])
 
 
 def sign_flip_test(d, w=None, *, max_exact: int = MAX_EXACT_SEEDS, n_flips: int = N_SIGN_FLIPS,
