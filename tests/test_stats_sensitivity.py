@@ -309,3 +309,25 @@ def test_results_command_prints_the_sensitivity_table(tmp_path, capsys):
     assert main(["results", str(tmp_path), "--n-boot", "0", "--no-mixed-model"]) == 0
     out = capsys.readouterr().out
     assert "glmm_log_odds" not in out and "p_sign_flip" in out
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+def test_report_has_the_sensitivity_section(tmp_path):
+    """The report's 'Sensitivity analyses' table shows, for the leak of a simulated factorial,
+    the exact sign-flip p computed here by enumeration (2 / 2^5: every seed positive)."""
+    from shortcutlab.report import build_report
+
+    pred = simulate_factorial(n_seeds=5, n_parents=20, crops_per_parent=3, effect=1.5, seed=2)
+    d = tmp_path / "sweep"
+    d.mkdir()
+    pred.to_parquet(d / "predictions.parquet", index=False)
+    acc = pred.groupby(["seed", "exposure"], observed=True)["correct"].mean().unstack("exposure")
+    want = brute_sign_flip((acc["leak"] - acc["clean"]).to_numpy(), np.full(5, 0.2))
+    paths = build_report(str(d), n_boot=100, examples=False)
+    md = open(paths["markdown"], encoding="utf-8").read()
+    part = md[md.index("Sensitivity analyses"):]
+    row = next(line for line in part.splitlines() if line.startswith("| leak"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5] == f"{want:.4f}" == "0.0625"
+    assert "Satterthwaite and Kenward-Roger" in part
