@@ -140,6 +140,28 @@ def seed_differences(frame: pd.DataFrame) -> SeedDifferences:
     return SeedDifferences(np.asarray(seeds)[keep], rd[keep] / w[keep], w[keep])
 
 
+def _checked_dw(d, w, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """d and w as float vectors, w normalised to sum to 1 (equal when None).
+
+    Raises:
+        StatsError: d or w is not one-dimensional, their lengths differ, a value is not finite,
+            or a weight is negative or all are zero (naming the first offending position).
+    """
+    d = np.asarray(d, dtype=np.float64)
+    w = np.full(len(d), 1.0) if w is None else np.asarray(w, dtype=np.float64)
+    if d.ndim != 1 or w.ndim != 1 or len(d) != len(w):
+        raise StatsError(f"{what}: per-seed differences d have shape {d.shape} and weights w shape {w.shape}; "
+                         f"expected two vectors of one value per seed")
+    for name, v in (("d", d), ("w", w)):
+        bad = np.flatnonzero(~np.isfinite(v) | ((v < 0) if name == "w" else False))
+        if len(bad):
+            raise StatsError(f"{what}: {name}[{bad[0]}] is {v[bad[0]]!r}; expected a finite "
+                             f"{'weight >= 0' if name == 'w' else 'difference'}")
+    if len(w) and not w.sum() > 0:
+        raise StatsError(f"{what}: every weight is 0; expected weights summing to more than 0")
+    return d, (w / w.sum() if len(w) else w)
+
+
 def sign_flip_test(d, w=None, *, max_exact: int = MAX_EXACT_SEEDS, n_flips: int = N_SIGN_FLIPS,
                    seed: int = 0) -> dict:
     """Two-sided sign-flip randomisation test of a weighted mean of per-seed differences.
@@ -161,9 +183,8 @@ def sign_flip_test(d, w=None, *, max_exact: int = MAX_EXACT_SEEDS, n_flips: int 
     Returns:
         dict: statistic (T), p_value, exact (bool), n_patterns.
     """
-    d = np.asarray(d, dtype=np.float64)
+    d, w = _checked_dw(d, w, "sign_flip_test")
     S = len(d)
-    w = np.full(S, 1.0 / max(S, 1)) if w is None else np.asarray(w, dtype=np.float64)
     wd = w * d
     t = float(wd.sum())
     tol = 1e-9 * max(float(np.abs(wd).sum()), 1e-300)
@@ -199,9 +220,8 @@ def weighted_t(d, w=None) -> dict:
         dict: estimate, se, statistic (t), df, p_value (two-sided), reason ('' or why there is
         no test: fewer than 2 seeds, no spread).
     """
-    d = np.asarray(d, dtype=np.float64)
+    d, w = _checked_dw(d, w, "weighted_t")
     S = len(d)
-    w = np.full(S, 1.0 / max(S, 1)) if w is None else np.asarray(w, dtype=np.float64) / np.sum(w)
     m = float(np.sum(w * d)) if S else math.nan
     out = dict(estimate=m, se=math.nan, statistic=math.nan, df=math.nan, p_value=math.nan, reason="")
     if S < 2:
