@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from shortcutlab.report.figures import Section, left_out
+from shortcutlab.report.readings import intervention_label
 from shortcutlab.stats.sensitivity import sensitivity_summary, sensitivity_table
 from shortcutlab.stats.units import is_nan, pp
 
@@ -25,11 +26,13 @@ def _p(v) -> str:
 
 
 def sensitivity_display(summary: pd.DataFrame) -> pd.DataFrame:
-    """`sensitivity_summary`'s rows as display strings: the estimate in pp, the p-values, t with
-    its df, the mixed model's log-odds, and the notes (why an analysis has no result)."""
+    """`sensitivity_summary`'s rows as display strings: where (condition, diversity level, the
+    intervention by its registered label), the estimate in pp, the p-values, t with its df, the
+    mixed model's log-odds, and the notes (why an analysis has no result)."""
     rows = []
     for r in summary.to_dict("records"):
-        where = ", ".join(str(r[k]) for k in ("condition", "diversity", "intervention") if str(r[k]) not in ("", "nan"))
+        parts = [str(r["condition"]), str(r["diversity"]), intervention_label(r["intervention"])]
+        where = ", ".join(p for p in parts if p not in ("", "nan"))
         rows.append({"estimand": r["estimand"], "where": where, "arch": r["arch"], "estimate": pp(r["estimate"]),
                      "p bootstrap": _p(r["p_bootstrap"]), "p sign-flip": _p(r["p_sign_flip"]),
                      "t (df)": "" if is_nan(r["t"]) else f"{r['t']:+.2f} ({r['df']:.1f})", "p t": _p(r["p_t"]),
