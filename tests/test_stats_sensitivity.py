@@ -331,3 +331,9 @@ def test_report_has_the_sensitivity_section(tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[5] == f"{want:.4f}" == "0.0625"
     assert "Satterthwaite and Kenward-Roger" in part
+
+
+def test_glmm_over_max_rows_is_recorded_not_fitted():
+    frame = crossed(np.random.default_rng(0), n_seeds=3)
+    g = binomial_glmm(frame, max_rows=len(frame) - 1)
+    assert np.isnan(g["estimate"]) and f"{len(frame)} crop-level rows exceed max_rows={len(frame) - 1}" in g["reason"]

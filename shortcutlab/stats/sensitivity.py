@@ -53,7 +53,7 @@ from .errors import StatsError, StatsWarning
 from .factorial import factorial_rows
 from .predictions import check_predictions, check_unique, group_codes
 
-__all__ = ["ANALYSES", "KEYS", "MAX_EXACT_SEEDS", "N_SIGN_FLIPS", "SENSITIVITY_COLUMNS", "SeedDifferences",
+__all__ = ["ANALYSES", "KEYS", "MAX_EXACT_SEEDS", "MAX_GLMM_ROWS", "N_SIGN_FLIPS", "SENSITIVITY_COLUMNS", "SeedDifferences",
            "binomial_glmm", "primary_contrasts", "seed_differences", "sensitivity_summary", "sensitivity_table",
            "sign_flip_test", "weighted_t"]
 
@@ -66,8 +66,9 @@ ANALYSES = ("sign_flip", "paired_t", "binomial_glmm")
 MAX_EXACT_SEEDS = 16
 #: Random sign patterns of the Monte Carlo sign-flip test beyond `MAX_EXACT_SEEDS` seeds.
 N_SIGN_FLIPS = 20_000
-#: Fixed effects x rows above which the mixed model is not fitted (its design is dense).
-MAX_GLMM_CELLS = 50_000_000
+#: Crop-level rows above which the mixed model is not fitted by default: its time is linear in
+#: the rows (about 40 s for 24,000 on one core), so 250,000 rows take several minutes.
+MAX_GLMM_ROWS = 250_000
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,8 @@ def _glmm_design(frame: pd.DataFrame):
     return frame["correct"].to_numpy(np.float64), X, c, Z, ident, names
 
 
-def binomial_glmm(frame: pd.DataFrame, *, seed: int = 0, max_iter: int | None = None) -> dict:
+def binomial_glmm(frame: pd.DataFrame, *, seed: int = 0, max_iter: int | None = None,
+                  max_rows: int = MAX_GLMM_ROWS) -> dict:
     """The contrast on the log-odds scale in a binomial mixed model with crossed random intercepts.
 
     Model: logit P(correct) = beta_cell + a_seed + b_parent, with one fixed log-odds beta per
@@ -383,6 +385,7 @@ def binomial_glmm(frame: pd.DataFrame, *, seed: int = 0, max_iter: int | None = 
         frame: the contrast's rows (`primary_contrasts`): seed, parent, correct, unit, term, sign.
         seed: seed of the optimiser's random start of the random effects.
         max_iter: cap on the BFGS iterations (None: scipy's default).
+        max_rows: a contrast with more crop-level rows is not fitted (recorded in `reason`).
 
     Returns:
         dict: estimate (log-odds), se (posterior SD), statistic (z), p_value, reason ('' or why
@@ -396,11 +399,11 @@ def binomial_glmm(frame: pd.DataFrame, *, seed: int = 0, max_iter: int | None = 
     except ImportError:
         out["reason"] = "statsmodels is not installed: pip install 'shortcutlab[stats]' (or statsmodels) for the mixed model"
         return out
-    y, X, c, Z, ident, names = _glmm_design(frame)
-    if X.size > MAX_GLMM_CELLS:
-        out["reason"] = (f"not fitted: {X.shape[0]} rows x {X.shape[1]} cells exceed {MAX_GLMM_CELLS} "
-                         f"(the fixed-effect design is dense)")
+    if len(frame) > max_rows:
+        out["reason"] = (f"not fitted: {len(frame)} crop-level rows exceed max_rows={max_rows} (the fit's time grows "
+                         f"with the rows, about 40 s per 24,000); raise max_rows to fit it")
         return out
+    y, X, c, Z, ident, names = _glmm_design(frame)
     model = BinomialBayesMixedGLM(y, X, Z, ident, fep_names=names, vcp_names=["seed", "parent"])
     opts = None if max_iter is None else {"maxiter": int(max_iter)}
     try:
@@ -462,7 +465,7 @@ def _seed_rows(key: dict, sd: SeedDifferences, *, max_exact: int, n_flips: int, 
 
 def sensitivity_table(predictions: pd.DataFrame, *, baseline: str = "none", p1: str = "crop", p2: str = "parent",
                       mixed_model: bool = True, max_exact: int = MAX_EXACT_SEEDS, n_flips: int = N_SIGN_FLIPS,
-                      seed: int = 0, max_iter: int | None = None) -> pd.DataFrame:
+                      seed: int = 0, max_iter: int | None = None, max_rows: int = MAX_GLMM_ROWS) -> pd.DataFrame:
     """The sensitivity analyses of every primary estimate, keyed like `estimates`' rows.
 
     For each primary estimate (`primary_contrasts`: the leak pooled over architectures per
@@ -484,6 +487,8 @@ def sensitivity_table(predictions: pd.DataFrame, *, baseline: str = "none", p1: 
         max_exact, n_flips, seed: the sign-flip test's settings (`sign_flip_test`); `seed` also
             seeds the mixed model's start.
         max_iter: the mixed model's BFGS iteration cap (None: scipy's default).
+        max_rows: the mixed model is fitted up to this many crop-level rows per contrast
+            (`MAX_GLMM_ROWS`); a larger one gets a row with the reason.
 
     Returns:
         `SENSITIVITY_COLUMNS`: estimand, condition, arch, diversity, intervention (the keys of
@@ -499,7 +504,7 @@ def sensitivity_table(predictions: pd.DataFrame, *, baseline: str = "none", p1: 
         sd = seed_differences(frame)
         rows += _seed_rows(key, sd, max_exact=max_exact, n_flips=n_flips, seed=seed)
         if mixed_model:
-            g = binomial_glmm(frame, seed=seed, max_iter=max_iter)
+            g = binomial_glmm(frame, seed=seed, max_iter=max_iter, max_rows=max_rows)
             rows.append(dict(key, analysis="binomial_glmm", scale="log-odds", estimate=g["estimate"],
                              statistic=g["statistic"], df=math.nan, p_value=g["p_value"], n_seeds=len(sd.d),
                              method=g["method"] + ("; z = estimate / posterior SD" if not g["reason"] else ""),
