@@ -53,8 +53,8 @@ from .errors import StatsError, StatsWarning
 from .factorial import factorial_rows
 from .predictions import check_predictions, check_unique, group_codes
 
-__all__ = ["ANALYSES", "KEYS", "MAX_EXACT_SEEDS", "MAX_GLMM_ROWS", "N_SIGN_FLIPS", "SENSITIVITY_COLUMNS", "SeedDifferences",
-           "binomial_glmm", "primary_contrasts", "seed_differences", "sensitivity_summary", "sensitivity_table",
+__all__ = ["ANALYSES", "KEYS", "MAX_EXACT_SEEDS", "MAX_GLMM_ROWS", "N_SIGN_FLIPS", "SENSITIVITY_COLUMNS",
+           "SeedDifferences", "binomial_glmm", "primary_contrasts", "seed_differences", "sensitivity_summary", "sensitivity_table",
            "sign_flip_test", "weighted_t"]
 
 #: Columns of `sensitivity_table`: the keys of the estimates row it sits beside, then the analysis.
