@@ -206,16 +206,28 @@ def test_strong_effect_every_analysis_rejects_and_estimates_match_the_primary():
 
 
 def test_pooled_over_diversity_is_the_mean_of_the_levels():
-    hi = _two_arch(seed=4)
-    lo = _two_arch(seed=5).assign(diversity="low")
-    lo["model"] = lo["model"].astype(str) + "-low"
-    pred = pd.concat([hi.assign(model=hi["model"].astype(str)), lo], ignore_index=True)
+    """Two diversity levels and an intervention: the rows pooled over levels are keyed as
+    `estimates`' leak_pooled and leak_cut_pooled rows and equal their estimates, and the
+    leak_pooled one is the mean of the levels' pooled leaks computed by `leak_effect`."""
+    from shortcutlab.stats import estimates
+
+    hi = _with_intervention_and_protocol(_two_arch(seed=4, n_seeds=5, n_parents=20))
+    lo = _with_intervention_and_protocol(_two_arch(seed=5, n_seeds=5, n_parents=20)).assign(diversity="low")
+    lo["model"] = lo["model"] + "-low"
+    pred = pd.concat([hi, lo], ignore_index=True)
     table = sensitivity_table(pred, mixed_model=False)
-    t = table[table["analysis"] == "paired_t"].set_index("diversity")["estimate"]
-    primary = leak_effect(pred, n_boot=0).query("arch == 'pooled'").set_index("diversity")["estimate"]
-    assert set(t.index) == {"high", "low", "pooled"}
-    assert t["pooled"] == pytest.approx((primary["high"] + primary["low"]) / 2, abs=1e-12)
-    assert t["low"] == pytest.approx(primary["low"], abs=1e-12)
+    t = table[table["analysis"] == "paired_t"]
+    assert set(zip(t["estimand"], t["diversity"])) >= {("leak", "high"), ("leak", "low"), ("leak_pooled", "pooled"),
+                                                      ("leak_cut", "high"), ("leak_cut_pooled", "pooled")}
+    primary = leak_effect(pred[pred["exposure"] != ""], n_boot=0).query("arch == 'pooled' and intervention == 'none'")
+    by_div = primary.set_index("diversity")["estimate"]
+    pooled = t.set_index("estimand").loc["leak_pooled", "estimate"]
+    assert pooled == pytest.approx((by_div["high"] + by_div["low"]) / 2, abs=1e-12)
+    est = estimates(pred, n_boot=0)
+    keys = ["estimand", "condition", "arch", "diversity", "intervention"]
+    both = t.merge(est[keys + ["estimate"]].astype({k: str for k in keys}), on=keys, suffixes=("", "_est"))
+    assert {"leak_pooled", "leak_cut_pooled", "leak", "leak_cut", "protocol"} <= set(both["estimand"])
+    assert np.allclose(both["estimate"], both["estimate_est"], atol=1e-12), both[keys + ["estimate", "estimate_est"]]
 
 
 # --- under the null -------------------------------------------------------------------------------

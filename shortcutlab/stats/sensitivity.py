@@ -259,7 +259,8 @@ def _pooled_arch(archs) -> str:
 
 def _leak_contrasts(fac: pd.DataFrame, condition: str, baseline: str) -> list[tuple[dict, pd.DataFrame]]:
     """The leak (leak minus clean, pooled over architectures) per diversity level and, with
-    several levels, pooled over them (every arch x level unit weighing the same)."""
+    several levels, pooled over them (``leak_pooled``, the paper's H3: every arch x level unit
+    weighing the same, i.e. the mean over levels of the mean over architectures)."""
     out = []
     sub = fac[fac["intervention"] == baseline]
     sign = np.where(sub["exposure"].to_numpy() == "leak", 1.0, -1.0)
@@ -268,15 +269,16 @@ def _leak_contrasts(fac: pd.DataFrame, condition: str, baseline: str) -> list[tu
         m = div == level
         out.append((dict(estimand="leak", condition=condition, arch=_pooled_arch(arch[m]), diversity=level,
                          intervention=baseline), _contrast(sub[m], arch[m], exp[m], sign[m])))
-    if len(set(div)) > 1:
-        out.append((dict(estimand="leak", condition=condition, arch=_pooled_arch(arch), diversity="pooled",
+    if len(set(div)) > 1:       # keyed as `estimates`' ``leak_pooled`` row (H3)
+        out.append((dict(estimand="leak_pooled", condition=condition, arch="pooled", diversity="pooled",
                          intervention=baseline), _contrast(sub, arch + "|" + div, exp, sign)))
     return out
 
 
 def _cut_contrasts(fac: pd.DataFrame, condition: str, baseline: str) -> list[tuple[dict, pd.DataFrame]]:
     """The leak cut of each intervention (leak under `baseline` minus leak under it), per
-    diversity level, pooled over architectures."""
+    diversity level pooled over architectures, and with several levels pooled over them too
+    (``leak_cut_pooled``, the paper's F2)."""
     out = []
     inters = sorted(set(fac["intervention"].astype(str)) - {baseline})
     if baseline not in set(fac["intervention"].astype(str)):
@@ -289,6 +291,9 @@ def _cut_contrasts(fac: pd.DataFrame, condition: str, baseline: str) -> list[tup
             m = div == level
             out.append((dict(estimand="leak_cut", condition=condition, arch=_pooled_arch(arch[m]), diversity=level,
                              intervention=inter), _contrast(sub[m], arch[m], exp[m] + "|" + itv[m], sign[m])))
+        if len(set(div)) > 1:   # keyed as `estimates`' ``leak_cut_pooled`` row (F2)
+            out.append((dict(estimand="leak_cut_pooled", condition=condition, arch="pooled", diversity="pooled",
+                             intervention=inter), _contrast(sub, arch + "|" + div, exp + "|" + itv, sign)))
     return out
 
 
@@ -297,9 +302,10 @@ def primary_contrasts(pred: pd.DataFrame, *, baseline: str = "none", p1: str = "
     """The primary estimates that get sensitivity analyses, each as its key and contrast frame.
 
     Per condition: the leak effect pooled over architectures per diversity level (and pooled
-    over levels, diversity 'pooled', when there are several) on the common test crops of each
-    seed's leak/clean pair (`factorial_rows`); the leak cut of each intervention per diversity
-    level; the protocol effect P1 - P2 under `baseline`, each model on its own test crops.
+    over levels when there are several: estimand ``leak_pooled``, diversity 'pooled') on the
+    common test crops of each seed's leak/clean pair (`factorial_rows`); the leak cut of each
+    intervention per diversity level (and ``leak_cut_pooled`` over levels); the protocol
+    effect P1 - P2 under `baseline`, each model on its own test crops.
 
     Args:
         pred: checked predictions (`check_predictions`).
