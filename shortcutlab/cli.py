@@ -854,6 +854,12 @@ def cmd_results(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StatsWarning)
         table = estimates_table(args.dir, analysis=settings)
+        if args.sensitivity:
+            from shortcutlab.stats.sensitivity import sensitivity_summary, sensitivity_table
+            from shortcutlab.sweep.runner import read_predictions
+
+            sens = sensitivity_table(read_predictions(args.dir), mixed_model=args.mixed_model, seed=settings["seed"])
+            summary = sensitivity_summary(sens, table)
     with _pd_display():
         print("accuracy (mean over models)")
         print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -865,12 +871,37 @@ def cmd_results(args) -> int:
               f"{settings['n_boot']} resamples, seed {settings['seed']}"
               + (", settings from the config's analysis section" if settings["from_config"] else "") + "; p_holm: Holm within the family)")
         print(_estimates_text(table))
+        if args.sensitivity:
+            print()
+            print(_sensitivity_text(summary, args.mixed_model))
     print(registration_statement(args.dir))
     for note in estimates_options(settings)[1]:
         print(f"note: {note}")
     for w in caught:
         print(f"note: {' '.join(str(w.message).split())}")
     return 0
+
+
+def _sensitivity_text(summary, mixed_model: bool) -> str:
+    """The sensitivity analyses beside each primary estimate (`shortcutlab.stats.sensitivity`),
+    one row each: the estimate in pp, the bootstrap p, the sign-flip p, t (df) and its p, the
+    binomial mixed model's log-odds and p, and why an analysis has no result."""
+    import numpy as np
+
+    head = ("sensitivity analyses (estimate in pp; p_boot: the primary bootstrap; sign-flip over seeds; t on per-seed "
+            "differences; GLMM: binomial mixed model, crossed seed and parent intercepts, log-odds)")
+    if summary.empty:
+        return head + "\n(no primary estimate: no factorial and no protocol pair)"
+    t = summary.copy()
+    t["estimate"] = [f"{100 * v:+.2f}" if np.isfinite(v) else "nan" for v in t["estimate"]]
+    for c in ("p_bootstrap", "p_sign_flip", "p_t", "p_glmm"):
+        t[c] = [f"{v:.4f}" if np.isfinite(v) else "" for v in t[c]]
+    t["t"] = [f"{v:+.2f}" if np.isfinite(v) else "" for v in t["t"]]
+    t["df"] = [f"{v:.1f}" if np.isfinite(v) else "" for v in t["df"]]
+    t["glmm_log_odds"] = [f"{v:+.3f}" if np.isfinite(v) else "" for v in t["glmm_log_odds"]]
+    if not mixed_model:
+        t = t.drop(columns=["glmm_log_odds", "p_glmm"])
+    return head + "\n" + t.rename(columns={"p_bootstrap": "p_boot"}).to_string(index=False)
 
 
 def _estimates_text(table) -> str:
@@ -1131,6 +1162,10 @@ def _add_results_command(sub) -> None:
     r.add_argument("dir", metavar="DIR")
     r.add_argument("--n-boot", type=int, help="bootstrap resamples (default: the config's analysis.n_boot, else 10000)")
     r.add_argument("--seed", type=int, help="seed of the bootstrap draws (default: the config's analysis.seed, else 0)")
+    r.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
+                   help="leave out the sensitivity analyses (sign-flip, per-seed t, binomial mixed model)")
+    r.add_argument("--no-mixed-model", dest="mixed_model", action="store_false",
+                   help="leave out the binomial mixed model of the sensitivity analyses (the slowest)")
     r.set_defaults(func=cmd_results)
 
 

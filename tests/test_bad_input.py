@@ -3131,6 +3131,58 @@ def test_i22_locate_cli_refuses_a_json_out(tmp_path, capsys) -> None:
     assert "would be overwritten by its JSON sidecar" in line
 
 
+# --- issue 23, sensitivity analyses (shortcutlab.stats.sensitivity) -----------------------------------
+
+def _sens23_table(**kw):
+    def call(tmp_path):
+        from shortcutlab.stats import simulate_factorial
+        from shortcutlab.stats.sensitivity import sensitivity_table
+
+        pred = simulate_factorial(n_seeds=2, n_parents=4, crops_per_parent=2, seed=0)
+        return sensitivity_table(pred.drop(columns=kw.pop("drop")) if "drop" in kw else pred, mixed_model=False, **kw)
+    return call
+
+
+def _sens23_call(fn, *args, **kw):
+    def call(tmp_path):
+        from shortcutlab.stats import sensitivity as sens
+
+        return getattr(sens, fn)(*args, **kw)
+    return call
+
+
+def _sens23_error():
+    from shortcutlab.stats import StatsError
+
+    return StatsError
+
+
+SENS23_CASES = [
+    Case("sens23-max-exact-too-large", _sens23_table(max_exact=30), _sens23_error(), ("max_exact", "0 to 20", "30")),
+    Case("sens23-n-flips-zero", _sens23_table(n_flips=0), _sens23_error(), ("n_flips", ">= 1", "got 0")),
+    Case("sens23-max-iter-zero", _sens23_table(max_iter=0), _sens23_error(), ("max_iter", ">= 1", "got 0")),
+    Case("sens23-no-parent-column", _sens23_table(drop="parent"), _sens23_error(), ("'parent'", "is missing")),
+    Case("sens23-lengths-differ", _sens23_call("weighted_t", [0.1, 0.2, 0.3], [1, 1]), _sens23_error(),
+         ("weighted_t", "shape (3,)", "shape (2,)", "one value per seed")),
+    Case("sens23-nan-difference", _sens23_call("sign_flip_test", [0.1, float("nan")]), _sens23_error(),
+         ("sign_flip_test", "d[1]", "nan", "finite difference")),
+    Case("sens23-negative-weight", _sens23_call("weighted_t", [0.1, 0.2], [1, -1]), _sens23_error(),
+         ("w[1]", "-1", "weight >= 0")),
+]
+
+
+@pytest.mark.parametrize("case", SENS23_CASES, ids=[c.id for c in SENS23_CASES])
+def test_sens23_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_sens23_one_seed_is_a_warning_and_a_record() -> None:
+    from shortcutlab.stats import StatsWarning, simulate_factorial
+    from shortcutlab.stats.sensitivity import sensitivity_table
+
+    with pytest.warns(StatsWarning, match="1 seed"):
+        table = sensitivity_table(simulate_factorial(n_seeds=1, n_parents=4, seed=0), mixed_model=False)
+    assert table["reason"].str.contains("1 seed").all() and table["p_value"].isna().all()
 # --- registration and the sweep config's analysis: (issue 23, item 5; slice "registration") ---
 from shortcutlab.sweep.registration import RegistrationError as _RegistrationErrorReg  # noqa: E402
 

@@ -13,6 +13,7 @@ from shortcutlab.report import readings as rd
 from shortcutlab.report.figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
 from shortcutlab.report.folder import ReportError, SweepFolder
 from shortcutlab.report.render import to_html, to_markdown
+from shortcutlab.report.sensitivity import sensitivity_section
 from shortcutlab.report.tables import audit_card, dose_pairs, registered_table, validity_table
 from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
 
@@ -267,6 +268,7 @@ def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, le
     further = further_section(est, level)
     if further is not None:
         sections.append(further)
+    sections.append(sensitivity_section(pred, est, seed))
     if examples:
         sections.append(examples_section(folder, device=device))
     else:
