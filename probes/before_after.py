@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Diagnostic, DiagnosticContext, row
-from .errors import DiagnosticError
+from .errors import DiagnosticError, DiagnosticWarning
 from .parent_probe import ParentProbe, check_features, clone_probe, probe_rows, require
 from .validation import bad, check_int
 
@@ -37,7 +37,10 @@ class CheckOutcome:
         probe_before, probe_after: the fitted `ParentProbe`s (after: on the mapped features).
         R_before, R_after, floor, above_floor_before, above_floor_after: fractions.
         removed_share: (above_floor_before - above_floor_after) / above_floor_before (NaN when
-            nothing is above the floor).
+            nothing is above the floor); `probes.adversary.AdversaryCheck` measures it against
+            R on its weight-0 map's features instead, and keeps this one as ``removed_share_raw``.
+            The floor is the probe's out-of-sample class-only floor, the same before and after
+            (same crops, same folds), so a removal down to the class prior gives 1, not more.
         accuracy_before, accuracy_after: test-set name -> class accuracy of the head before / after.
         check_on: the test set the cost is measured on; cost: accuracy_before - accuracy_after
             there (fraction; 0.01 = 1 pp).
@@ -103,9 +106,26 @@ def check_inputs(who: str, X, labels, parents, train_idx, test_sets: Mapping, ch
     return X, labels, parents, train_idx, check_on
 
 
-def fit_before(probe: ParentProbe | None, probe_before: ParentProbe | None, X, labels, parents) -> ParentProbe:
-    """R before: `probe_before` when given (already fitted on these rows), else a fresh fit."""
-    return probe_before if probe_before is not None else clone_probe(probe).fit(X, labels, parents)
+def check_reused_probe(who: str, name: str, fitted: ParentProbe, n: int) -> ParentProbe:
+    """`fitted` when it is a `ParentProbe` fitted on `n` rows; a `DiagnosticError` naming `name` otherwise.
+
+    A probe handed in for reuse (R before, R at weight 0) must have measured the rows the check
+    measures; one fitted elsewhere would compare R over different crops, silently.
+    """
+    if not isinstance(fitted, ParentProbe) or not hasattr(fitted, "folds_"):
+        raise DiagnosticError(f"{who}: {name} must be a fitted ParentProbe (or None); got {type(fitted).__name__}"
+                              + (" before fit" if isinstance(fitted, ParentProbe) else ""))
+    if len(fitted.folds_) != n:
+        raise DiagnosticError(f"{who}: {name} was fitted on {len(fitted.folds_)} rows, but this check measures R on {n} rows; "
+                              "pass a probe fitted on the same rows, or None")
+    return fitted
+
+
+def fit_before(probe: ParentProbe | None, probe_before: ParentProbe | None, X, labels, parents, who: str = "the check") -> ParentProbe:
+    """R before: `probe_before` when given (already fitted on these rows, `check_reused_probe`), else a fresh fit."""
+    if probe_before is not None:
+        return check_reused_probe(who, "probe_before", probe_before, len(X))
+    return clone_probe(probe).fit(X, labels, parents)
 
 
 def fit_after(probe: ParentProbe | None, X, labels, parents, cross_fit: Callable[[np.ndarray], np.ndarray] | None = None) -> ParentProbe:
@@ -116,11 +136,18 @@ def fit_after(probe: ParentProbe | None, X, labels, parents, cross_fit: Callable
 
 
 def outcome(before: ParentProbe, after: ParentProbe, accuracy_before: dict, accuracy_after: dict, check_on: str,
-            min_removed: float, max_cost: float) -> dict:
-    """The `CheckOutcome` fields of a check, as keyword arguments of its result class."""
+            min_removed: float, max_cost: float, warn: str | None = None) -> dict:
+    """The `CheckOutcome` fields of a check, as keyword arguments of its result class.
+
+    With nothing above the floor before (R <= floor) there is nothing to remove: the removed
+    share is NaN and the check fails; `warn` (the check's name) says so in a `DiagnosticWarning`.
+    """
     af_b = before.R_ - before.floor_
     af_a = after.R_ - after.floor_
     removed = (af_b - af_a) / af_b if af_b > 0 else math.nan
+    if af_b <= 0 and warn:
+        warnings.warn(f"{warn}: R {before.R_:.4f} is not above the class-only floor {before.floor_:.4f} on {before.n_scored_} crops: "
+                      "there is nothing to remove, so removed_share is NaN and the check fails", DiagnosticWarning, stacklevel=3)
     cost = accuracy_before[check_on] - accuracy_after[check_on]
     passed = bool(removed >= min_removed and cost <= max_cost) if not math.isnan(removed) else False
     return dict(probe_before=before, probe_after=after, R_before=before.R_, R_after=after.R_, floor=before.floor_,

@@ -461,7 +461,8 @@ def erasure_check(X, labels, parents, *, train_idx, test_sets: Mapping[str, np.n
     head_after = refit_head(adapter, X[train_idx], y[train_idx], tests, eraser=eraser, C=C)
     return ErasureCheck(
         rank=rank, n_directions=eraser.rank_, head_after=head_after,
-        **outcome(before, after, dict(head_before.accuracy), dict(head_after.accuracy), check_on, min_removed, max_cost),
+        **outcome(before, after, dict(head_before.accuracy), dict(head_after.accuracy), check_on, min_removed, max_cost,
+                  warn="erasure_check"),
     )
 
 

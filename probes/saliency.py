@@ -58,7 +58,8 @@ near 0; the paper: median 0.08). The **random-pair baseline** is the same statis
 the original maps of different crops (crop i against crop i + 1, cyclically within the
 batch; give the crops in random order): what rho is for unrelated maps that share only
 layout. The **cascading** variant (``cascade=k``) also re-initialises the last k blocks
-before the head (`cascade_blocks`). Re-initialisation follows the rule of
+before the head, depth counting blocks (residual, transformer, ConvNeXt blocks), never single
+layers such as a final LayerNorm (`cascade_blocks` says what depth k randomises per family). Re-initialisation follows the rule of
 `ModelAdapter.reset_head`: weights and biases uniform in +-1/sqrt(fan_in), normalisation
 layers back to identity, all drawn from one generator seeded with ``seed`` (the head first,
 then the blocks from the top down, so a deeper cascade extends a shallower one). The model
@@ -90,6 +91,7 @@ import math
 import re
 import warnings
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
@@ -651,25 +653,93 @@ def _in_head(adapter: ModelAdapter, name: str) -> bool:
     return name == h or name.startswith(h + ".")
 
 
-def _blocks_from_order(adapter: ModelAdapter, order: Sequence[str]) -> list[str]:
-    """Blocks before the head, the last to run first."""
+def _cascade_items(adapter: ModelAdapter, order: Sequence[str]) -> list[tuple[str, bool]]:
+    """Every module a cascade can reach, the last to run first: ``(path, counts as a block)``.
+
+    The modules with parameters that run before the head (`order`, in the order they run) are
+    grouped by `_block_of`. A group counts as a block when its path ends in a number, it holds
+    at least two modules with parameters (a layer, not a block: a ConvNeXt stem's 'stem.0'
+    conv and 'stem.1' norm) and no other group (a residual block 'layer4.1', a transformer
+    block 'blocks.11', a ConvNeXt block 'stages.3.blocks.1'; not 'stages.3', whose own modules
+    are the stage's downsampling layer). Modules outside the blocks ('norm', 'fc_norm',
+    'patch_embed.proj', 'conv1', 'stages.3.downsample.1') are listed one by one, not counted.
+    A model without such a block (a hand-written net of named layers, a plain sequence of
+    layers) counts each of its groups as a block.
+    """
     first: dict[str, int] = {}
     for i, name in enumerate(order):
-        if _in_head(adapter, name):
-            continue
-        first.setdefault(_block_of(name), i)
-    return [b for b, _ in sorted(first.items(), key=lambda kv: -kv[1])]
+        if not _in_head(adapter, name):
+            first.setdefault(name, i)
+    # A module with parameters of its own and submodules with parameters (a ConvNeXt block's
+    # layer-scale gamma) is its children's block, not a layer of the container above it.
+    above = {".".join(n.split(".")[:i]) for n in first for i in range(1, n.count(".") + 1)}
+    unit = {n: n if n in above else _block_of(n) for n in first}
+    units = set(unit.values())
+    size = Counter(unit.values())
+    counted = {u for u in units
+               if _NUMBER.match(u.rsplit(".", 1)[-1]) and size[u] >= 2 and not any(v.startswith(u + ".") for v in units)}
+    if not counted:
+        counted = units
+    start: dict[str, int] = {}
+    for n, i in first.items():
+        if unit[n] in counted:
+            start[unit[n]] = min(start.get(unit[n], i), i)
+    items = [(u, True, i) for u, i in start.items()] + [(n, False, i) for n, i in first.items() if unit[n] not in counted]
+    return [(path, is_block) for path, is_block, _ in sorted(items, key=lambda t: -t[2])]
+
+
+def _blocks_from_order(adapter: ModelAdapter, order: Sequence[str]) -> list[str]:
+    """The blocks before the head (`_cascade_items`), the last to run first."""
+    return [path for path, is_block in _cascade_items(adapter, order) if is_block]
+
+
+def _cascade_modules(items: Sequence[tuple[str, bool]], k: int) -> list[str]:
+    """What ``cascade=k`` re-initialises besides the head, from the top down: the last k blocks
+    and the modules that run between them (none that run above the top block or below the k-th)."""
+    out: list[str] = []
+    n = 0
+    for path, is_block in items:
+        if n == k:
+            break
+        if is_block:
+            n += 1
+            out.append(path)
+        elif n > 0:
+            out.append(path)
+    return out
 
 
 def cascade_blocks(adapter: ModelAdapter, x: torch.Tensor) -> list[str]:
-    """The blocks a cascading randomisation re-initialises, from the top (nearest the head) down.
+    """The blocks a cascading randomisation counts, from the top (nearest the head) down.
 
-    A block groups the modules with parameters of one numbered unit (a residual block, a
-    transformer block: the path up to the last numeric part, e.g. 'layer4.1', 'blocks.11');
-    a module outside any numbered container ('norm', 'bn2', 'conv_head') is a block of its
-    own. Blocks are ordered by when they first run in a forward pass of `x`, so ``cascade=k``
-    re-initialises the last k blocks to run before the head. The head is excluded, and so are
-    parameters owned by the model itself (a ViT's class token and position embedding).
+    ``cascade=k`` re-initialises the last k **blocks** to run before the head, and the modules
+    with parameters that run between them; depth counts blocks, never single layers. Adebayo et
+    al.'s cascading randomisation goes down an Inception's named layers one at a time; in a
+    residual or transformer network the unit of depth is the block (a single LayerNorm or
+    layer-scale vector re-initialised alone leaves the maps almost as they were and would spend
+    a depth on nothing). A block is
+    a numbered unit that holds no other (`_cascade_items`), ordered by when it first runs in a
+    forward pass of `x`. What depth k randomises, by family:
+
+    - ResNet: the last k residual blocks ('layer4.1', 'layer4.0', 'layer3.1', ...; each with its
+      shortcut's downsampling conv); the stem ('conv1', 'bn1') is never counted.
+    - ViT / DeiT: the last k transformer blocks ('blocks.11', 'blocks.10', ...: attention, MLP,
+      their norms and layer scales). The final norm ('norm', or 'fc_norm' with average pooling)
+      runs above the top block and keeps its trained weights at every depth (a per-channel
+      affine map, reset to identity it would change the maps at every depth without counting as
+      one); so do the patch embedding, the class token and the position embedding.
+    - ConvNeXt: the last k ConvNeXt blocks across stages ('stages.3.blocks.2', ..., then
+      'stages.2.blocks.8', ...); a stage's downsampling layer ('stages.3.downsample') is
+      re-initialised once the cascade reaches the block below it (it runs between two
+      re-initialised blocks); the head's norm ('head.norm', above the top block) and the stem
+      keep their weights.
+    - EfficientNet: the last k MBConv blocks ('blocks.6.0', 'blocks.5.3', ...); 'conv_head' and
+      'bn2', above the top block, keep their weights.
+    - A model without numbered blocks: each module with parameters (or each group of them)
+      counts as a block.
+
+    The head is never counted (it is re-initialised at every depth, cascade=0 included), nor
+    are parameters owned by the model itself.
     """
     adapter = _check_adapter(adapter)
     _check_batch(adapter, x, "cascade_blocks")
@@ -720,8 +790,11 @@ class HeadCheck:
         randomized_outside_mass: (B,) float64 outside mass of `randomized_maps` (or None).
         path: 'fast' or 'autograd' (of the original maps; the randomised ones use the same
             unless a cascade broke the fast path's conditions, which is then re-checked).
-        cascade_blocks: the blocks re-initialised besides the head, from the top down.
+        cascade_blocks: the blocks re-initialised besides the head, from the top down (the
+            depth counts these).
         seed: the seed of the re-initialisation.
+        cascade_modules: every module path re-initialised besides the head, from the top down:
+            the blocks and the modules that run between them (a ConvNeXt stage's downsampling).
     """
 
     maps: torch.Tensor
@@ -734,6 +807,7 @@ class HeadCheck:
     path: str
     cascade_blocks: tuple[str, ...]
     seed: int
+    cascade_modules: tuple[str, ...] = ()
 
     @property
     def median_spearman(self) -> float:
@@ -780,21 +854,22 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
     om = None if m is None else outside_mass(maps, m, warn=warn)
     ranked = _ranked(maps)  # ranked once for the pairs and every cascade depth
     pair = _pair_spearman(ranked)
-    blocks_all = _blocks_from_order(adapter, order) if need_order else []
+    items = _cascade_items(adapter, order) if need_order else []
+    blocks_all = [path for path, is_block in items if is_block]
     deepest = max(cascades) if cascades else 0
     if deepest > len(blocks_all) and need_order:
         raise DiagnosticError(
             f"cascade={deepest} asks for more blocks than the model has below its head: {len(blocks_all)} "
             f"({', '.join(map(repr, blocks_all[:5]))}{', ...' if len(blocks_all) > 5 else ''}; see cascade_blocks())"
         )
-    touched = [adapter.head] + [adapter.model.get_submodule(b) for b in blocks_all[:deepest]]
+    touched = [adapter.head] + [adapter.model.get_submodule(b) for b in _cascade_modules(items, deepest)]
     out = []
     with preserved_state(adapter, touched):
         for k in cascades:
             blocks = blocks_all[:k]
             gen = torch.Generator(device="cpu").manual_seed(seed)
             adapter.reset_head(gen)
-            for b in blocks:  # reset_head's rule, continuing the same generator
+            for b in _cascade_modules(items, k):  # reset_head's rule, continuing the same generator, top down
                 reinit_parameters(adapter.model.get_submodule(b), gen)
             if k == 0 and used == "fast":
                 # Same activations, another linear head: a matrix product, no forward pass.
@@ -815,6 +890,7 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
                     path=used if rused == used else f"{used}/{rused}",
                     cascade_blocks=tuple(blocks),
                     seed=seed,
+                    cascade_modules=tuple(_cascade_modules(items, k)),
                 )
             )
     return out
@@ -846,8 +922,9 @@ def randomized_head_check(
         masks: optional (B, 1, H, W) cell masks (1 on the cell), for the outside mass of both
             sets of maps.
         seed: seeds the re-initialisation (the head is ``reset_head`` with this seed).
-        cascade: also re-initialise the last `cascade` blocks before the head
-            (`cascade_blocks`).
+        cascade: also re-initialise the last `cascade` blocks before the head (transformer,
+            residual or ConvNeXt blocks, not single layers; `cascade_blocks` says which per
+            family).
         relu, upsample, path: as for `gradcam`.
 
     Returns:

@@ -796,7 +796,14 @@ def cmd_sweep(args) -> int:
         cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)), limits=limits)
     if args.workers is not None and args.workers < 1:
         raise ShortcutlabError(f"--workers must be a positive integer; got {args.workers}")
+    registration = None
+    if args.registration:  # checked before anything is written (a dry run too)
+        from shortcutlab.sweep.registration import check_registration
+
+        registration = check_registration(cfg, args.registration, config_path=args.config, sweep_dir=args.out)
     if args.dry_run:
+        if registration:
+            print(f"the sweep matches its registration {args.registration}")
         summary = run_sweep(cfg, args.out, dry_run=True)
         for t in summary["tasks"]:
             print(f"  {'done' if t['done'] else '    '}  {t['kind']:<10} {t['id']}  {t['params']}")
@@ -807,13 +814,27 @@ def cmd_sweep(args) -> int:
                   "again (the device is part of a train task's id: results can differ across devices)")
         return 0
     _check_output_folder(args.out, "--out")
-    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet)
+    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet, registration=registration)
     ran = summary["n_tasks"] - sum(summary["done_before"].values())
     print(f"sweep: {summary['n_tasks']} tasks ({ran} run now, {summary['n_tasks'] - ran} already done), "
           f"{summary['n_models']} models, {summary['seconds']:.1f} s")
     from shortcutlab.sweep.folder import SweepLayout
 
-    print(f"wrote {SweepLayout(args.out).table('predictions')} (.csv), results.parquet (.csv), splits.json, sweep.json")
+    print(f"wrote {SweepLayout(args.out).table('predictions')} (.csv), results.parquet (.csv), splits.json, sweep.json"
+          + (", registration.json (the sweep matched its registration)" if registration else ""))
+    return 0
+
+
+def cmd_register(args) -> int:
+    """`shortcutlab register`: hash what the sweep of a config fixes before any model is trained."""
+    from shortcutlab.sweep.registration import register
+
+    rec = register(args.config, args.out, limits=_sweep_limits(args.limit), device=args.device)
+    a = rec["analysis"]["settings"]
+    print(f"registered {args.config}: {len(rec['splits'])} split manifest(s), {rec['design']['n_tasks']} planned tasks, "
+          f"analysis n_boot={a['n_boot']} seed={a['seed']} level={a['level']} interval={a['interval']} alpha={a['alpha']}, "
+          f"shortcutlab {rec['code']['version']} ({rec['code']['source']['n_files']} source files)")
+    print(f"wrote {args.out}; run the sweep with `shortcutlab sweep {args.config} --out DIR --registration {args.out}`")
     return 0
 
 
@@ -823,22 +844,65 @@ def cmd_results(args) -> int:
     from shortcutlab.stats import StatsWarning
     from shortcutlab.sweep.runner import estimates_table, results_table
 
-    if args.n_boot < 0:
+    from shortcutlab.sweep.registration import estimates_options, registration_statement, sweep_analysis
+
+    if args.n_boot is not None and args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
     accuracy = results_table(args.dir)
+    # a flag given overrides the config's analysis: (an --interval option, where there is one, too)
+    settings = sweep_analysis(args.dir, n_boot=args.n_boot, seed=args.seed, interval=getattr(args, "interval", None))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StatsWarning)
-        table = estimates_table(args.dir, n_boot=args.n_boot, seed=args.seed, interval=args.interval)
+        table = estimates_table(args.dir, analysis=settings)
+        if args.sensitivity:
+            from shortcutlab.stats.sensitivity import sensitivity_summary, sensitivity_table
+            from shortcutlab.sweep.runner import read_predictions
+
+            sens = sensitivity_table(read_predictions(args.dir), mixed_model=args.mixed_model, seed=settings["seed"])
+            summary = sensitivity_summary(sens, table)
     with _pd_display():
         print("accuracy (mean over models)")
         print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
-        print(f"estimates (percentage points; 95% two-way cluster bootstrap over seeds and test parents, {args.n_boot} resamples, "
-              f"{INTERVAL_TEXT[args.interval]}; p_holm: Holm within the family)")
+        print("registered tests (the paper's Table 2; p_holm: Holm within the registered family)")
+        print(_registered_text(table))
+        print()
+        print(f"estimates (percentage points; {settings['level'] * 100:g}% two-way cluster bootstrap over seeds and test parents, "
+              f"{settings['n_boot']} resamples, seed {settings['seed']}"
+              + (", settings from the config's analysis section" if settings["from_config"] else "")
+              + f", {INTERVAL_TEXT.get(settings.get('interval'), settings.get('interval'))}; p_holm: Holm within the family)")
         print(_estimates_text(table))
+        if args.sensitivity:
+            print()
+            print(_sensitivity_text(summary, args.mixed_model))
+    print(registration_statement(args.dir))
+    for note in estimates_options(settings)[1]:
+        print(f"note: {note}")
     for w in caught:
         print(f"note: {' '.join(str(w.message).split())}")
     return 0
+
+
+def _sensitivity_text(summary, mixed_model: bool) -> str:
+    """The sensitivity analyses beside each primary estimate (`shortcutlab.stats.sensitivity`),
+    one row each: the estimate in pp, the bootstrap p, the sign-flip p, t (df) and its p, the
+    binomial mixed model's log-odds and p, and why an analysis has no result."""
+    import numpy as np
+
+    head = ("sensitivity analyses (estimate in pp; p_boot: the primary bootstrap; sign-flip over seeds; t on per-seed "
+            "differences; GLMM: binomial mixed model, crossed seed and parent intercepts, log-odds)")
+    if summary.empty:
+        return head + "\n(no primary estimate: no factorial and no protocol pair)"
+    t = summary.copy()
+    t["estimate"] = [f"{100 * v:+.2f}" if np.isfinite(v) else "nan" for v in t["estimate"]]
+    for c in ("p_bootstrap", "p_sign_flip", "p_t", "p_glmm"):
+        t[c] = [f"{v:.4f}" if np.isfinite(v) else "" for v in t[c]]
+    t["t"] = [f"{v:+.2f}" if np.isfinite(v) else "" for v in t["t"]]
+    t["df"] = [f"{v:.1f}" if np.isfinite(v) else "" for v in t["df"]]
+    t["glmm_log_odds"] = [f"{v:+.3f}" if np.isfinite(v) else "" for v in t["glmm_log_odds"]]
+    if not mixed_model:
+        t = t.drop(columns=["glmm_log_odds", "p_glmm"])
+    return head + "\n" + t.rename(columns={"p_bootstrap": "p_boot"}).to_string(index=False)
 
 
 def _estimates_text(table) -> str:
@@ -860,9 +924,19 @@ def _estimates_text(table) -> str:
     t["estimate"] = [f"{v:+.1f}" if np.isfinite(v) else "nan" for v in t["estimate"]]
     for c in ("p_value", "p_holm"):
         t[c] = [f"{v:.4f}" if np.isfinite(v) else "" for v in t[c]]
-    cols = ["estimand", "family", "condition", "arch", "diversity", "intervention", "estimate", "ci", "p_value", "p_holm",
+    cols = ["hypothesis", "estimand", "family", "condition", "arch", "diversity", "intervention", "estimate", "ci", "p_value", "p_holm",
             "n_seeds", "n_parents", "reason"]
     return t[[c for c in cols if c in t.columns]].to_string(index=False)
+
+
+def _registered_text(table) -> str:
+    """The registered tests (`shortcutlab.report.tables.registered_table`) for a terminal."""
+    from shortcutlab.report.tables import registered_table
+
+    reg = registered_table(table)
+    if reg.empty:
+        return "(none: no estimate tests a registered hypothesis)"
+    return reg.to_string(index=False)
 
 
 def _pd_display():
@@ -874,11 +948,17 @@ def _pd_display():
 def cmd_report(args) -> int:
     from shortcutlab.report import build_report
 
-    if args.n_boot < 0:
+    from shortcutlab.sweep.registration import sweep_analysis
+
+    if args.n_boot is not None and args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
-    paths = build_report(args.dir, args.out, n_boot=args.n_boot, seed=args.seed, interval=args.interval,
-                         examples=not args.no_examples,
-                         device=args.device)
+    settings = (sweep_analysis(args.dir, n_boot=args.n_boot, seed=args.seed, interval=getattr(args, "interval", None))
+                if os.path.isdir(args.dir) else {})
+    if not settings.get("from_config"):  # the report's own defaults (fewer resamples than `results`)
+        settings = None
+    paths = build_report(args.dir, args.out, n_boot=2000 if args.n_boot is None else args.n_boot, seed=args.seed or 0,
+                         examples=not args.no_examples, device=args.device, analysis=settings,
+                         interval=args.interval or "cgm")
     print(paths["html"])
     return 0
 
@@ -897,12 +977,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shortcutlab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_audit_command, _add_split_command, _add_synth_command, _add_train_command, _add_demo_command,
-                _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_results_command, _add_report_command,
+                _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_register_command, _add_results_command,
+                _add_report_command,
                 _add_litmus_command, _add_control_command, _add_verify_command,
                 _add_table_command,
                 _add_crops_command,
                 _add_masks_command,
                 _add_locate_command,
+                _add_power_command,
                 ):
         add(sub)
     return parser
@@ -1059,16 +1141,34 @@ def _add_sweep_command(sub) -> None:
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.add_argument("--limit", action="append", metavar="NAME=N",
                    help="raise or lower a cap: tasks (default 100000), seeds (10000), bytes (2000000), scalar (100000), depth (50)")
+    w.add_argument("--registration", metavar="FILE",
+                   help="a file of `shortcutlab register`: refuse to start (writing nothing) if the config, a split manifest, "
+                        "the design, the analysis settings or the code differ from it, naming what")
     w.set_defaults(func=cmd_sweep)
+
+
+def _add_register_command(sub) -> None:
+    """`shortcutlab register`: the registration of a sweep, before any model is trained."""
+    r = sub.add_parser("register", help="hash a sweep's config, split manifests, design, analysis settings and code "
+                                        "before any model is trained")
+    r.add_argument("config", metavar="CONFIG.yaml")
+    r.add_argument("--out", required=True, metavar="REGISTRATION.json", help="the registration file (JSON)")
+    r.add_argument("--limit", action="append", metavar="NAME=N", help="raise or lower a cap, as for `sweep`")
+    r.add_argument("--device", help="override the config's device, as `sweep --device` will (it is part of the design)")
+    r.set_defaults(func=cmd_register)
 
 
 def _add_results_command(sub) -> None:
     """`shortcutlab results`: the estimates table of a sweep folder."""
     r = sub.add_parser("results", help="print the estimates table of a sweep folder")
     r.add_argument("dir", metavar="DIR")
-    r.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples (default 10000)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap draws (default 0)")
+    r.add_argument("--n-boot", type=int, help="bootstrap resamples (default: the config's analysis.n_boot, else 10000)")
+    r.add_argument("--seed", type=int, help="seed of the bootstrap draws (default: the config's analysis.seed, else 0)")
     _add_interval_option(r)
+    r.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
+                   help="leave out the sensitivity analyses (sign-flip, per-seed t, binomial mixed model)")
+    r.add_argument("--no-mixed-model", dest="mixed_model", action="store_false",
+                   help="leave out the binomial mixed model of the sensitivity analyses (the slowest)")
     r.set_defaults(func=cmd_results)
 
 
@@ -1079,9 +1179,10 @@ INTERVAL_TEXT = {"cgm": "Cameron-Gelbach-Miller two-way intervals",
 
 def _add_interval_option(r) -> None:
     """--interval: the interval method of the estimates."""
-    r.add_argument("--interval", choices=sorted(INTERVAL_TEXT), default="cgm",
-                   help="interval method: cgm (Cameron-Gelbach-Miller two-way clustering, calibrated; default) or "
-                        "pigeonhole (seeds and parents resampled independently, percentile; conservative)")
+    r.add_argument("--interval", choices=sorted(INTERVAL_TEXT), default=None,
+                   help="interval method: cgm (Cameron-Gelbach-Miller two-way clustering, calibrated) or pigeonhole "
+                        "(seeds and parents resampled independently, percentile; conservative); default: the "
+                        "config's analysis.interval, else cgm")
 
 
 def _add_report_command(sub) -> None:
@@ -1089,8 +1190,9 @@ def _add_report_command(sub) -> None:
     r = sub.add_parser("report", help="one self-contained HTML report (and a Markdown twin) over a sweep folder")
     r.add_argument("dir", help="sweep folder written by `shortcutlab sweep`")
     r.add_argument("--out", help="report folder (default DIR/report; replaced whole)")
-    r.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the estimates (default 2000)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    r.add_argument("--n-boot", type=int, help="bootstrap resamples of the estimates (default: the config's analysis.n_boot, "
+                                             "else 2000)")
+    r.add_argument("--seed", type=int, help="seed of the resampling (default: the config's analysis.seed, else 0)")
     _add_interval_option(r)
     r.add_argument("--no-examples", action="store_true", help="leave out the example crops (no model is loaded)")
     r.add_argument("--device", default="cpu", help="where the example crops' models run")
@@ -1277,6 +1379,103 @@ def _add_crops_command(sub) -> None:
     c.add_argument("--root", metavar="DIR", help="folder relative image paths start from (default: the table's folder)")
     c.add_argument("--compress-level", type=int, default=1, metavar="L", help="zlib level of the crop PNGs, 0 to 9 (default 1)")
     c.set_defaults(func=cmd_crops)
+
+
+# --- power (issue 23, item 4): power of the leak test for a planned factorial ----------------
+def _design_values(text: str, flag: str, low: int) -> list[int]:
+    """A design flag's comma-separated integers, each >= low."""
+    values = _numbers(text, flag, int, " (e.g. 5,10,20)")
+    for v in values:
+        if v < low:
+            raise ShortcutlabError(f"{flag} values must be integers >= {low}; got {v} (in {text!r})")
+    return values
+
+
+def cmd_power(args) -> int:
+    import itertools
+    import warnings
+
+    from shortcutlab.io import claim_output_dir
+    from shortcutlab.report.power import POWER_FILES, pilot_components, write_power
+    from shortcutlab.stats import StatsWarning
+    from shortcutlab.stats.power import Design, parse_params, simulate_power
+
+    designs = dict(seeds=_design_values(args.seeds, "--seeds", 2), archs=_design_values(args.archs, "--archs", 1),
+                   parents=_design_values(args.parents, "--parents", 2))
+    crops = _design_values(args.crops, "--crops", 1) if args.crops else None
+    effects = _numbers(args.effects, "--effects", float, " (fractions, e.g. 0,0.004,0.008)")
+    bad = [e for e in effects if not -1 < e < 1]
+    if bad:
+        raise ShortcutlabError(f"--effects are leak effects as fractions in (-1, 1) (0.008 is 0.8 pp); got {bad[0]!r}")
+    if args.n_sim < 1:
+        raise ShortcutlabError(f"--n-sim takes the number of simulated data sets, an integer >= 1; got {args.n_sim}")
+    if not 0 < args.alpha < 1:
+        raise ShortcutlabError(f"--alpha must be in (0, 1); got {args.alpha}")
+    _check_output_folder(args.out, "--out")
+    claim_output_dir(args.out, "power", POWER_FILES)        # before the simulation, which can take minutes
+    if args.pilot is not None:
+        comp, pilot_crops = pilot_components(args.pilot, condition=args.condition, baseline=args.baseline)
+        source = {"pilot": os.path.abspath(args.pilot), "condition": args.condition, "baseline": args.baseline}
+    else:
+        comp, pilot_crops = parse_params(args.params), 3
+        source = {"params": args.params}
+    crops = crops or [pilot_crops]
+    if args.pool is not None and args.pool < max(designs["parents"]):
+        raise ShortcutlabError(f"--pool is the number of parents each seed draws its test parents from, at least the "
+                               f"largest --parents {max(designs['parents'])}; got {args.pool}")
+    grid = [Design(s, a, p, c, args.pool) for s, a, p, c in itertools.product(designs["seeds"], designs["archs"],
+                                                                             designs["parents"], crops)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StatsWarning)
+        table = simulate_power(comp, grid, effects, test=args.test, n_sim=args.n_sim, alpha=args.alpha,
+                               n_boot=args.n_boot, seed=args.seed)
+    settings = dict(source, pool=args.pool, test=args.test, n_sim=args.n_sim, alpha=args.alpha, n_boot=args.n_boot, seed=args.seed)
+    paths = write_power(args.out, table, comp, settings)
+    print("components (probability scale; pp = x 100): " + ", ".join(
+        f"{k} {getattr(comp, k):.4g}" for k in ("baseline", "sd_seed", "sd_parent", "sd_seed_parent", "sd_seed_arch",
+                                               "sd_crop")) + (f"; pilot leak effect {100 * comp.pilot_effect:+.2f} pp"
+                                                              if comp.pilot_effect == comp.pilot_effect else ""))
+    for note in comp.notes:
+        print(f"note: {note}")
+    shown = table.drop(columns=["alpha", "test"])
+    shown.insert(shown.columns.get_loc("effect"), "effect_pp", 100 * shown.pop("effect"))
+    with _pd_display():
+        print(f"power of the {'paired t on per-seed leak effects' if args.test == 't' else 'two-way cluster bootstrap'} "
+              f"at alpha {args.alpha:g} ({args.n_sim} simulated data sets per row; mc_se: Monte Carlo SE)")
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    for w in caught:
+        print(f"note: {' '.join(str(w.message).split())}")
+    print(f"wrote {paths['power.csv']}, power.png, components.json")
+    return 0
+
+
+def _add_power_command(sub) -> None:
+    """`shortcutlab power`: power of the leak test for planned designs, from a pilot or stated components."""
+    p = sub.add_parser("power", help="power of the leak test for planned designs (a table and a figure)",
+                       description="Simulate planned factorials from variance components of the leak effect (from a pilot "
+                                   "sweep or stated) and report the power of the leak test with its Monte Carlo error.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--pilot", metavar="SWEEP_DIR", help="pilot sweep folder: components estimated from its factorial")
+    src.add_argument("--params", metavar="K=V,...",
+                     help="stated components: baseline, sd_seed, sd_parent, sd_seed_parent, sd_seed_arch, sd_crop "
+                          "(fractions; unnamed ones keep their defaults 0.85, 0, 0, 0, 0, 0.3)")
+    p.add_argument("--seeds", default="5,10,20", help="numbers of seeds (default 5,10,20)")
+    p.add_argument("--archs", default="4,12", help="numbers of architectures (default 4,12)")
+    p.add_argument("--parents", default="50,150", help="numbers of test parents per seed (default 50,150; see --pool)")
+    p.add_argument("--pool", type=int, help="parents each seed draws its test parents from (default: every seed tests "
+                                            "the same parents, a crossed design)")
+    p.add_argument("--crops", help="test crops per parent (default: the pilot's median, or 3 with --params)")
+    p.add_argument("--effects", default="0,0.004,0.008,0.015", help="leak effects as fractions (default 0,0.004,0.008,0.015)")
+    p.add_argument("--test", choices=("t", "bootstrap"), default="t",
+                   help="t: paired t on per-seed effects (default, fast); bootstrap: the registered two-way cluster bootstrap")
+    p.add_argument("--n-sim", type=int, default=500, help="simulated data sets per design and effect (default 500)")
+    p.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples with --test bootstrap (default 200)")
+    p.add_argument("--alpha", type=float, default=0.05, help="level of the test (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulation (default 0)")
+    p.add_argument("--condition", help="the pilot's factorial condition (needed when it has several)")
+    p.add_argument("--baseline", default="none", help="the pilot's intervention of unaltered crops (default none)")
+    p.add_argument("--out", required=True, help="output folder: power.csv, power.png, components.json")
+    p.set_defaults(func=cmd_power)
 
 
 def main(argv: list[str] | None = None) -> int:

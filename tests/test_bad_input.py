@@ -3131,6 +3131,315 @@ def test_i22_locate_cli_refuses_a_json_out(tmp_path, capsys) -> None:
     assert "would be overwritten by its JSON sidecar" in line
 
 
+# --- issue 23, sensitivity analyses (shortcutlab.stats.sensitivity) -----------------------------------
+
+def _sens23_table(**kw):
+    def call(tmp_path):
+        from shortcutlab.stats import simulate_factorial
+        from shortcutlab.stats.sensitivity import sensitivity_table
+
+        pred = simulate_factorial(n_seeds=2, n_parents=4, crops_per_parent=2, seed=0)
+        return sensitivity_table(pred.drop(columns=kw.pop("drop")) if "drop" in kw else pred, mixed_model=False, **kw)
+    return call
+
+
+def _sens23_call(fn, *args, **kw):
+    def call(tmp_path):
+        from shortcutlab.stats import sensitivity as sens
+
+        return getattr(sens, fn)(*args, **kw)
+    return call
+
+
+def _sens23_error():
+    from shortcutlab.stats import StatsError
+
+    return StatsError
+
+
+SENS23_CASES = [
+    Case("sens23-max-exact-too-large", _sens23_table(max_exact=30), _sens23_error(), ("max_exact", "0 to 20", "30")),
+    Case("sens23-n-flips-zero", _sens23_table(n_flips=0), _sens23_error(), ("n_flips", ">= 1", "got 0")),
+    Case("sens23-max-iter-zero", _sens23_table(max_iter=0), _sens23_error(), ("max_iter", ">= 1", "got 0")),
+    Case("sens23-no-parent-column", _sens23_table(drop="parent"), _sens23_error(), ("'parent'", "is missing")),
+    Case("sens23-lengths-differ", _sens23_call("weighted_t", [0.1, 0.2, 0.3], [1, 1]), _sens23_error(),
+         ("weighted_t", "shape (3,)", "shape (2,)", "one value per seed")),
+    Case("sens23-nan-difference", _sens23_call("sign_flip_test", [0.1, float("nan")]), _sens23_error(),
+         ("sign_flip_test", "d[1]", "nan", "finite difference")),
+    Case("sens23-negative-weight", _sens23_call("weighted_t", [0.1, 0.2], [1, -1]), _sens23_error(),
+         ("w[1]", "-1", "weight >= 0")),
+]
+
+
+@pytest.mark.parametrize("case", SENS23_CASES, ids=[c.id for c in SENS23_CASES])
+def test_sens23_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_sens23_one_seed_is_a_warning_and_a_record() -> None:
+    from shortcutlab.stats import StatsWarning, simulate_factorial
+    from shortcutlab.stats.sensitivity import sensitivity_table
+
+    with pytest.warns(StatsWarning, match="1 seed"):
+        table = sensitivity_table(simulate_factorial(n_seeds=1, n_parents=4, seed=0), mixed_model=False)
+    assert table["reason"].str.contains("1 seed").all() and table["p_value"].isna().all()
+# --- registration and the sweep config's analysis: (issue 23, item 5; slice "registration") ---
+from shortcutlab.sweep.registration import RegistrationError as _RegistrationErrorReg  # noqa: E402
+
+
+def _analysis_reg(text: str):
+    return _load_sweep(_SWEEP_YAML + "analysis: " + text + "\n")
+
+
+def _check_against_reg(content: bytes | None):
+    """`check_registration` of the small config against a registration file holding `content`
+    (None: no file)."""
+    def call(tmp_path):
+        from shortcutlab.sweep.config import load_config
+        from shortcutlab.sweep.registration import check_registration
+
+        reg = tmp_path / "registration.json"
+        if content is not None:
+            reg.write_bytes(content)
+        check_registration(load_config(_sweep_config(tmp_path, _SWEEP_YAML)), str(reg))
+
+    return call
+
+
+REG_CASES = [
+    Case("reg-analysis-not-a-mapping", _analysis_reg("10000"), SweepConfigError,
+         ("sweep.yaml", "analysis", "expected a mapping", "10000")),
+    Case("reg-analysis-unknown-key", _analysis_reg("{nboot: 100}"), SweepConfigError,
+         ("sweep.yaml", "analysis.nboot", "unknown key", "did you mean 'n_boot'")),
+    Case("reg-analysis-negative-n-boot", _analysis_reg("{n_boot: -1}"), SweepConfigError,
+         ("sweep.yaml", "analysis.n_boot", "integer >= 0", "-1")),
+    Case("reg-analysis-n-boot-a-string", _analysis_reg("{n_boot: many}"), SweepConfigError,
+         ("analysis.n_boot", "an integer >= 0", "'many'")),
+    Case("reg-analysis-level-out-of-range", _analysis_reg("{level: 95}"), SweepConfigError,
+         ("analysis.level", "strictly between 0 and 1", "95")),
+    Case("reg-analysis-alpha-zero", _analysis_reg("{alpha: 0}"), SweepConfigError,
+         ("analysis.alpha", "strictly between 0 and 1", "0")),
+    Case("reg-analysis-interval-not-a-string", _analysis_reg("{interval: 3}"), SweepConfigError,
+         ("analysis.interval", "name of an interval method", "3")),
+    Case("reg-analysis-family-not-a-list", _analysis_reg("{families: {primary: H1}}"), SweepConfigError,
+         ("analysis.families.primary", "list of hypothesis labels", "'H1'")),
+    Case("reg-analysis-label-in-two-families", _analysis_reg("{families: {a: [H1, H2], b: [H2]}}"), SweepConfigError,
+         ("analysis.families.b[0]", "'H2'", "already in family 'a'")),
+    Case("reg-analysis-empty-family", _analysis_reg("{families: {a: []}}"), SweepConfigError,
+         ("analysis.families.a", "non-empty list", "[]")),
+    Case("reg-analysis-hypotheses-not-a-mapping", _analysis_reg("{hypotheses: [H3]}"), SweepConfigError,
+         ("analysis.hypotheses", "a mapping hypothesis label -> selector")),
+    Case("reg-analysis-hypothesis-unknown-column", _analysis_reg("{hypotheses: {G1: {estimator: leak}}}"), SweepConfigError,
+         ("analysis.hypotheses.G1", "unknown column(s) 'estimator'")),
+    Case("reg-analysis-unknown-estimand", _analysis_reg("{estimands: [leak, leek_cut]}"), SweepConfigError,
+         ("analysis.estimands[1]", "unknown estimand 'leek_cut'", "did you mean 'leak_cut'")),
+    Case("reg-analysis-estimand-twice", _analysis_reg("{estimands: [leak, leak]}"), SweepConfigError,
+         ("analysis.estimands", "'leak' is listed twice")),
+    Case("reg-registration-missing", _check_against_reg(None), _RegistrationErrorReg,
+         ("registration file", "registration.json", "does not exist")),
+    Case("reg-registration-not-json", _check_against_reg(b"{not json"), _RegistrationErrorReg,
+         ("registration file", "registration.json", "is not JSON", "shortcutlab register")),
+    Case("reg-registration-not-an-object", _check_against_reg(b"[1, 2]"), _RegistrationErrorReg,
+         ("registration.json", "holds a JSON list, not an object")),
+    Case("reg-registration-no-splits", _check_against_reg(b'{"config": {}, "design": {}, "analysis": {}, "code": {}}'),
+         _RegistrationErrorReg, ("registration.json", "no 'splits' list", "not written by `shortcutlab register`")),
+]
+
+
+@pytest.mark.parametrize("case", REG_CASES, ids=[c.id for c in REG_CASES])
+def test_reg_registration_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_reg_cli_sweep_with_a_missing_registration_writes_nothing(tmp_path, capsys) -> None:
+    config = _sweep_config(tmp_path, _SWEEP_YAML)
+    line = cli_error(["sweep", config, "--out", str(tmp_path / "out"), "--registration", str(tmp_path / "nope.json")], capsys)
+    assert line.startswith("shortcutlab sweep: error: registration file") and "nope.json" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_reg_cli_register_a_bad_config_writes_nothing(tmp_path, capsys) -> None:
+    config = _sweep_config(tmp_path, _SWEEP_YAML + "analysis: {level: 2}\n")
+    line = cli_error(["register", config, "--out", str(tmp_path / "reg.json")], capsys)
+    assert line.startswith("shortcutlab register: error:") and "analysis.level" in line
+    assert not (tmp_path / "reg.json").exists()
+# --- issue 23, the paper's tests (slice "tests"): hypotheses and Holm families in `estimates` ---
+
+def _i23t_estimates(**kw):
+    from shortcutlab.stats import estimates, simulate_factorial
+
+    def call(tmp_path):
+        import warnings as _w
+
+        with _w.catch_warnings():
+            _w.simplefilter("ignore")
+            estimates(simulate_factorial(n_seeds=2, n_parents=4, crops_per_parent=1), n_boot=0, **kw)
+    return call
+
+
+def _i23t_cases():
+    from shortcutlab.stats import StatsError
+
+    return [
+        Case("i23t-unknown-family-labels", _i23t_estimates(families={"primary": ["H1", "H9"], "x": ["Q"]}), StatsError,
+             ("families", "unknown hypothesis label(s) 'H9', 'Q'", "known: H1", "F8")),
+        Case("i23t-label-in-two-families", _i23t_estimates(families={"a": ["H3"], "b": ["H2", "H3"]}), StatsError,
+             ("'H3' is in two families", "'a'", "'b'")),
+        Case("i23t-family-not-a-list", _i23t_estimates(families={"study": "H3"}), StatsError,
+             ("families.study", "expected a list of hypothesis labels", "'H3'")),
+        Case("i23t-families-not-a-mapping", _i23t_estimates(families=["H1"]), StatsError,
+             ("families", "expected a mapping", "got list")),
+        Case("i23t-selector-unknown-column", _i23t_estimates(hypotheses={"H3": {"estimand": "leak", "seed": 1}}),
+             StatsError, ("hypotheses.H3", "unknown column(s) 'seed'", "estimand, condition")),
+        Case("i23t-selector-not-a-mapping", _i23t_estimates(hypotheses={"H3": "leak"}), StatsError,
+             ("hypotheses.H3", "non-empty mapping of column", "'leak'")),
+        Case("i23t-two-labels-one-row", _i23t_estimates(hypotheses={"H3": {"estimand": "leak"}, "F3": {"estimand": "leak"}}),
+             StatsError, ("'F3' and 'H3' select the same row", "estimand=leak", "condition=sim")),
+    ]
+
+
+@pytest.mark.parametrize("case", _i23t_cases(), ids=lambda c: c.id)
+def test_i23t_hypotheses_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+# --- power (issue 23, item 4): `shortcutlab power` and shortcutlab.stats.power --------------------
+from shortcutlab.stats.power import Design as _DesignPw, LeakComponents as _LeakComponentsPw  # noqa: E402
+from shortcutlab.stats.power import PowerError as _PowerErrorPw, parse_params as _parse_params_pw  # noqa: E402
+from shortcutlab.stats.power import simulate_power as _simulate_power_pw  # noqa: E402
+from shortcutlab.sweep.runner import SweepError as _SweepErrorPw  # noqa: E402
+
+
+def _pw_pilot(tmp_path, *, conditions=("pilot",), seeds=(0, 1), exposures=("leak", "clean")) -> str:
+    """A tiny sweep-shaped folder: predictions.parquet of a factorial (2 archs, 3 parents x 2 crops)."""
+    import os
+
+    from shortcutlab.sweep.folder import SweepLayout
+
+    rows = []
+    for cond in conditions:
+        for s in seeds:
+            for a in ("a0", "a1"):
+                for e in exposures:
+                    for p in range(3):
+                        for c in range(2):
+                            rows.append(dict(model=f"{cond}-{a}-{e}-{s}", condition=cond, arch=a, seed=s, protocol="factorial",
+                                             cell=f"{e}-high", exposure=e, diversity="high", intervention="none",
+                                             id=f"p{p}c{c}", parent=f"p{p}", label=0, pred=0, correct=(p + c + s) % 2 == 0,
+                                             split_sha256=""))
+    folder = tmp_path / "pilot"
+    os.makedirs(folder, exist_ok=True)
+    _pd.DataFrame(rows).to_parquet(SweepLayout(str(folder)).table("predictions"), index=False)
+    return str(folder)
+
+
+def _pw_cli(*extra, pilot=None):
+    """A call of `cmd_power` through the parser (errors raise, as in `main` before it prints them)."""
+    def call(tmp_path):
+        from shortcutlab.cli import build_parser
+
+        src = ["--pilot", pilot(tmp_path)] if pilot else ["--params", "sd_seed=0.004"]
+        argv = ["power", *src, "--seeds", "3", "--archs", "1", "--parents", "4", "--n-sim", "2", "--effects", "0",
+                "--out", str(tmp_path / "out"), *extra]
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+
+    return call
+
+
+I23PW_CASES = [
+    Case("i23pw-params-unknown-name", lambda t: _parse_params_pw("sd_seeds=0.01"), _PowerErrorPw,
+         ("'sd_seeds'", "unknown", "sd_seed, sd_parent")),
+    Case("i23pw-params-no-equals", lambda t: _parse_params_pw("sd_seed"), _PowerErrorPw, ("'sd_seed'", "name=value")),
+    Case("i23pw-params-not-a-number", lambda t: _parse_params_pw("sd_crop=big"), _PowerErrorPw,
+         ("sd_crop", "'big'", "not a number")),
+    Case("i23pw-params-twice", lambda t: _parse_params_pw("sd_seed=0.1,sd_seed=0.2"), _PowerErrorPw, ("'sd_seed'", "twice")),
+    Case("i23pw-params-negative-sd", lambda t: _parse_params_pw("sd_parent=-0.01"), _PowerErrorPw,
+         ("'sd_parent'", ">= 0", "-0.01")),
+    Case("i23pw-params-baseline-out-of-range", lambda t: _parse_params_pw("baseline=85"), _PowerErrorPw,
+         ("'baseline'", "(0, 1)", "85")),
+    Case("i23pw-params-crop-sd-above-one", lambda t: _LeakComponentsPw(sd_crop=1.5), _PowerErrorPw, ("'sd_crop'", "at most 1")),
+    Case("i23pw-design-one-seed", lambda t: _DesignPw(1, 4, 50, 3), _PowerErrorPw, ("n_seeds", ">= 2", "got 1")),
+    Case("i23pw-design-pool-below-parents", lambda t: _DesignPw(3, 1, 50, 3, 20), _PowerErrorPw, ("n_pool", ">= 50", "20")),
+    Case("i23pw-cli-pool-below-parents", _pw_cli("--pool", "3"), ShortcutlabError, ("--pool", "--parents 4", "got 3")),
+    Case("i23pw-effect-in-pp", lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0, 1.5]),
+         _PowerErrorPw, ("effect 1.5", "(-1, 1)", "0.8 pp")),
+    Case("i23pw-unknown-test", lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0], test="z"),
+         _PowerErrorPw, ("'z'", "t, bootstrap")),
+    Case("i23pw-bootstrap-too-few-resamples",
+         lambda t: _simulate_power_pw(_LeakComponentsPw(), [_DesignPw(3, 1, 4, 1)], [0.0], test="bootstrap", n_boot=5),
+         _PowerErrorPw, ("n_boot", ">= 19", "5")),
+    Case("i23pw-cli-seeds-below-two", _pw_cli("--seeds", "1,5"), ShortcutlabError, ("--seeds", ">= 2", "got 1", "'1,5'")),
+    Case("i23pw-cli-effects-not-numbers", _pw_cli("--effects", "0,0.5pp"), ShortcutlabError, ("--effects", "'0.5pp'")),
+    Case("i23pw-cli-effect-in-pp", _pw_cli("--effects", "0,8"), ShortcutlabError, ("--effects", "(-1, 1)", "8.0")),
+    Case("i23pw-cli-n-sim-zero", _pw_cli("--n-sim", "0"), ShortcutlabError, ("--n-sim", ">= 1", "got 0")),
+    Case("i23pw-cli-alpha", _pw_cli("--alpha", "5"), ShortcutlabError, ("--alpha", "(0, 1)", "5")),
+    Case("i23pw-pilot-missing", _pw_cli(pilot=lambda t: str(t / "nowhere")), _SweepErrorPw, ("nowhere",)),
+    Case("i23pw-pilot-no-factorial", _pw_cli(pilot=lambda t: _pw_pilot(t, exposures=("",))), _PowerErrorPw,
+         ("pilot", "no factorial prediction", "'leak' or 'clean'")),
+    Case("i23pw-pilot-two-conditions", _pw_cli(pilot=lambda t: _pw_pilot(t, conditions=("A", "B"))), _PowerErrorPw,
+         ("2 factorial conditions", "A, B", "--condition")),
+    Case("i23pw-pilot-unknown-condition", _pw_cli("--condition", "C", pilot=lambda t: _pw_pilot(t)), _PowerErrorPw,
+         ("no factorial condition 'C'", "pilot")),
+    Case("i23pw-pilot-one-seed", _pw_cli(pilot=lambda t: _pw_pilot(t, seeds=(0,))), _PowerErrorPw,
+         ("diversity 'high'", "1 seed(s)", "at least 2")),
+]
+
+
+@pytest.mark.parametrize("case", I23PW_CASES, ids=[c.id for c in I23PW_CASES])
+def test_i23pw_power_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i23pw_cli_power_refuses_a_foreign_out_folder(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    line = cli_error(["power", "--params", "sd_seed=0.004", "--seeds", "3", "--archs", "1", "--parents", "4",
+                      "--n-sim", "2", "--effects", "0", "--out", str(out)], capsys)
+    assert line.startswith("shortcutlab power: error:") and "notes.txt" in line
+    assert (out / "notes.txt").read_text() == "mine" and not (out / "power.csv").exists()
+
+
+def test_i23pw_cli_power_unknown_param_is_one_line(tmp_path, capsys) -> None:
+    line = cli_error(["power", "--params", "sd_sead=0.004", "--out", str(tmp_path / "o")], capsys)
+    assert "'sd_sead'" in line and not (tmp_path / "o").exists()
+# ------------------------------------------------------------------------------ issue 23 probes: reused probes of adversary_check
+def _i23p_data():
+    import numpy as _np23p
+
+    rng = _np23p.random.default_rng(0)
+    parents = _np23p.repeat(_np23p.arange(8), 4)
+    labels = parents % 2
+    X = rng.normal(size=(32, 4)) + 2.0 * rng.normal(size=(8, 4))[parents]
+    return X, labels, parents, _np23p.arange(0, 32, 2), _np23p.arange(1, 32, 2)
+
+
+def _i23p_check(**reuse):
+    def call(tmp_path):
+        from probes import LinearAdversary, ParentProbe, adversary_check
+
+        X, labels, parents, tr, te = _i23p_data()
+        got = {k: (ParentProbe(n_folds=2, Cs=1.0).fit(X[:24], labels[:24], parents[:24]) if v == "other rows" else v)
+               for k, v in reuse.items()}
+        return adversary_check(X, labels, parents, train_idx=tr, test_sets={"test": te}, probe=ParentProbe(n_folds=2, Cs=1.0),
+                               adversary=LinearAdversary(weight=1.0, steps=2), cross_fit=False, **got)
+    return call
+
+
+I23P_CASES = [
+    Case("i23p-adversary-probe-baseline-other-rows", _i23p_check(probe_baseline="other rows"), DiagnosticError,
+         ("adversary_check", "probe_baseline", "fitted on 24 rows", "measures R on 16 rows", "same rows")),
+    Case("i23p-adversary-probe-before-not-a-probe", _i23p_check(probe_before=0.4), DiagnosticError,
+         ("adversary_check", "probe_before", "fitted ParentProbe", "float")),
+]
+
+
+@pytest.mark.parametrize("case", I23P_CASES, ids=[c.id for c in I23P_CASES])
+def test_i23p_probes_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
 # --- I23-INTERVALS (issue 23, item 1: the interval method of the estimates) -----------------------
 
 

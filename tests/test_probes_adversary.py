@@ -58,6 +58,55 @@ def test_cross_fitted_R_after_the_adversary() -> None:
     assert chk.R_after >= chk.floor - 3 * np.sqrt(chk.floor * (1 - chk.floor) / len(labels))
 
 
+def test_weight_zero_removes_nothing_against_its_own_map() -> None:
+    """No adversary: the check compares the weight-0 map with itself, so nothing is removed and
+    the check fails, on every seed. Against the raw features (the old baseline) the map alone
+    'removed' a share of R (the review: 14-28%), enough for the check to pass with no
+    adversary. R at weight 0 is a fresh probe cross-fitted on features mapped by weight-0 maps,
+    rebuilt here by hand."""
+    raw = []
+    for seed in (0, 1, 3):
+        X, labels, parents = planted(ppc=5, crops=12, dim=16, code_dim=1, seed=seed)
+        tr, te = split(len(labels), seed)
+        probe = ParentProbe(Cs=1.0, random_state=seed)
+        adv = LinearAdversary(weight=0.0, steps=100, random_state=seed)
+        chk = adversary_check(X, labels, parents, train_idx=tr, test_sets={"test": te}, adversary=adv, probe=probe)
+        assert chk.removed_share == 0.0 and chk.cost == 0.0 and not chk.passed
+        assert chk.R_after == chk.R_baseline and chk.R_before > chk.floor + 0.05
+        assert chk.removed_share_raw == pytest.approx((chk.above_floor_before - chk.above_floor_after) / chk.above_floor_before)
+        raw.append(chk.removed_share_raw)
+        if seed == 0:
+            def weight0(mask):
+                return LinearAdversary(weight=0.0, steps=100, random_state=0).fit(X[mask], labels[mask], parents[mask]).transform(X)
+
+            ref = ParentProbe(Cs=1.0, random_state=0).fit(X, labels, parents, cross_fit=weight0)
+            assert chk.R_baseline == ref.R_ and chk.above_floor_baseline == pytest.approx(ref.R_ - ref.floor_)
+    # The map alone moves R (0.14, 0.18, 0.28 here; 0.00 and -0.06 at seeds 2 and 4): the old
+    # baseline credited it to the adversary, and at seed 3 the old check passed with weight 0.
+    assert max(abs(r) for r in raw) > 0.1, raw
+
+
+def strong_adversary_removes(seed: int) -> None:
+    X, labels, parents = planted(ppc=5, crops=12, dim=16, code_dim=1, seed=seed)
+    tr, te = split(len(labels), seed)
+    chk = adversary_check(X, labels, parents, train_idx=tr, test_sets={"test": te}, probe=ParentProbe(Cs=1.0, random_state=seed),
+                          adversary=LinearAdversary(weight=3.0, steps=200, random_state=seed))
+    assert chk.R_baseline > chk.floor + 0.05
+    # At least a quarter of the weight-0 map's above-floor R goes (0.36-0.75 on seeds 0-4).
+    assert chk.removed_share >= 0.25, (seed, chk.removed_share)
+    assert chk.removed_share == pytest.approx((chk.above_floor_baseline - chk.above_floor_after) / chk.above_floor_baseline)
+
+
+def test_a_strong_adversary_removes_a_planted_parent_direction() -> None:
+    strong_adversary_removes(2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 3, 4])
+def test_a_strong_adversary_removes_a_planted_parent_direction_on_more_seeds(seed) -> None:
+    strong_adversary_removes(seed)
+
+
 def test_adversary_is_deterministic_and_maps_identity_at_step_zero_lr() -> None:
     X, labels, parents = planted(ppc=3, crops=6, dim=8)
     a = LinearAdversary(steps=20, random_state=3).fit(X, labels, parents)
@@ -97,17 +146,40 @@ def test_remeasure_R_is_a_fresh_probe_on_the_models_features() -> None:
 
 
 def test_linear_adversary_diagnostic_rows() -> None:
-    X, labels, parents = planted(ppc=4, crops=10, dim=12, seed=5)
+    X, labels, parents = planted(ppc=4, crops=16, dim=12, strength=3.0, seed=5)  # R above the floor on the test side
     side = np.where(np.random.default_rng(0).random(len(labels)) < 0.3, 2, 0)
     ctx = context_with_features(X, labels, parents, side=side)
     diag = get("linear_adversary", weights=(1.0,), steps=50, cross_fit=False, Cs=1.0, max_cost=0.5)
     assert diag.needs == frozenset({"features", "split"})
     rows = diag.run(ctx)
     by = {(r["metric"], r["setting"]): r for r in rows}
-    for m in ("R", "R_after", "floor", "above_floor", "above_floor_after", "removed_share", "adversary_accuracy"):
+    for m in ("R", "R_baseline", "R_after", "floor", "above_floor", "above_floor_baseline", "above_floor_after", "removed_share",
+              "removed_share_raw", "adversary_accuracy"):
         assert (m, "weight=1") in by, m
+    v = {m: by[(m, "weight=1")]["value"] for m in ("R", "R_baseline", "R_after", "floor", "removed_share", "removed_share_raw")}
+
+    def share(ref):  # of the above-floor R at `ref`; undefined (NaN) when nothing is above the floor there
+        return (v[ref] - v["R_after"]) / (v[ref] - v["floor"]) if v[ref] > v["floor"] else np.nan
+
+    assert v["removed_share"] == pytest.approx(share("R_baseline"), nan_ok=True)
+    assert v["removed_share_raw"] == pytest.approx(share("R"), nan_ok=True)
     for m in ("accuracy_before", "accuracy_after", "accuracy_cost"):
         assert (m, "weight=1,test_set=test") in by
     assert by[("check_passed", "weight=1,test_set=test")]["value"] in (0.0, 1.0)
     # cross_fit=False: R before and after on the test side only (less its singleton parents).
     assert by[("R_after", "weight=1")]["n"] == by[("R", "weight=1")]["n"] <= int((side == 2).sum())
+
+
+def test_nothing_above_the_floor_at_weight_0_is_warned_and_recorded() -> None:
+    """R on the weight-0 map's features at the floor (few, weakly coded test crops): nothing to
+    remove. A warning says so; the rows still come, the share NaN and the check failed."""
+    from probes import DiagnosticWarning
+
+    X, labels, parents = planted(ppc=4, crops=10, dim=12, seed=5)
+    side = np.where(np.random.default_rng(0).random(len(labels)) < 0.3, 2, 0)
+    ctx = context_with_features(X, labels, parents, side=side)
+    with pytest.warns(DiagnosticWarning, match=r"R at weight 0\).*not above the class-only floor"):
+        rows = get("linear_adversary", weights=(1.0,), steps=50, cross_fit=False, Cs=1.0, max_cost=0.5).run(ctx)
+    by = {(r["metric"], r["setting"]): r["value"] for r in rows}
+    assert by[("R_baseline", "weight=1")] <= by[("floor", "weight=1")]
+    assert np.isnan(by[("removed_share", "weight=1")]) and by[("check_passed", "weight=1,test_set=test")] == 0.0

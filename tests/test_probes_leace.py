@@ -215,6 +215,23 @@ def test_erasure_check_reports_R_cost_and_the_verdict() -> None:
     assert not strict.passed and strict.R_before == chk.R_before
 
 
+def test_erasure_check_with_nothing_above_the_floor_warns_and_fails() -> None:
+    # Features that carry the class only: every probe predicts its training folds' largest
+    # parent, so R sits on the (out-of-sample) class-only floor and there is nothing to erase.
+    from probes.errors import DiagnosticWarning
+
+    X, labels, parents = planted(strength=0.0, seed=2)
+    X = np.eye(3)[labels] * 3.0
+    rng = np.random.default_rng(0)
+    test = rng.random(len(labels)) < 0.3
+    idx = np.arange(len(labels))
+    with pytest.warns(DiagnosticWarning, match="erasure_check: R .* is not above the class-only floor"):
+        chk = erasure_check(X, labels, parents, train_idx=idx[~test], test_sets={"test": idx[test]}, rank=1,
+                            max_cost=0.05)
+    assert chk.above_floor_before <= 0
+    assert np.isnan(chk.removed_share) and not chk.passed
+
+
 def test_leace_diagnostic_rows() -> None:
     X, labels, parents = planted(ppc=4, crops=10, seed=5)
     side = np.where(np.random.default_rng(0).random(len(labels)) < 0.3, 2, 0)

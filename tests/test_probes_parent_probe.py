@@ -123,22 +123,110 @@ def test_floor_and_exclusions_match_a_hand_count() -> None:
     X = np.random.default_rng(0).normal(size=(len(labels), 3))
     with pytest.warns(UserWarning, match="5 crop"):
         probe = ParentProbe(n_folds=2, Cs=1.0).fit(X, labels, parents)
-    assert probe.floor_ == pytest.approx(7 / 13)  # (3 + 4) / (5 + 8)
+    # The floor out of sample on the 2 folds, by hand, whatever the folds drawn: class a (p1 x3
+    # split 2 + 1, p2 x2 split 1 + 1): scoring the fold with 2 p1, the other fold's tie p1 = p2 = 1
+    # names either, expected (2 + 1) / 2 = 1.5 correct; scoring the other, p1 (2 in training) is
+    # named, 1 correct. Class b (p3 x4, p4 x2, p5 x2, each split evenly): p3 is named, 2 + 2
+    # correct. (1.5 + 1 + 4) / 13 = 0.5, where the in-sample floor was (3 + 4) / 13.
+    assert probe.floor_ == pytest.approx(6.5 / 13)
     assert probe.n_scored_ == 13
     assert probe.n_singleton_parents_ == 2  # p9, p7
     assert probe.n_single_parent_classes_ == 1  # c: only p6 has two crops
     assert probe.n_excluded_ == 5
-    assert probe.above_floor_ == pytest.approx(probe.R_ - 7 / 13)
+    assert probe.above_floor_ == pytest.approx(probe.R_ - 6.5 / 13)
     pc = probe.per_class_.set_index("class")
     assert pc.loc["a", ["n_scored", "n_parents", "n_excluded"]].tolist() == [5, 2, 1]
     assert pc.loc["b", ["n_scored", "n_parents", "n_excluded"]].tolist() == [8, 3, 0]
-    assert pc.loc["a", "floor"] == pytest.approx(0.6) and pc.loc["b", "floor"] == pytest.approx(0.5)
+    assert pc.loc["a", "floor"] == pytest.approx(2.5 / 5) and pc.loc["b", "floor"] == pytest.approx(4 / 8)
     assert not pc.loc["c", "probed"] and pc.loc["c", "n_excluded"] == 4 and np.isnan(pc.loc["c", "R"])
     # R is the crop-weighted mean of the per-class accuracies.
     assert probe.R_ == pytest.approx((5 * pc.loc["a", "R"] + 8 * pc.loc["b", "R"]) / 13)
     excluded = probe.folds_ < 0
     assert set(parents[excluded]) == {"p9", "p6", "p7"}
     assert all(p is None for p in probe.predicted_[excluded]) and not probe.correct_[excluded].any()
+
+
+def unequal_parents(seed=0, strength=3.0):
+    """Two classes of four parents with 20, 13, 7 and 4 crops: no two parents tie in any
+    training part of 4 sibling folds (15 / 10 / 5 / 3 crops, give or take one); a strong
+    parent code on 4 of 8 coordinates."""
+    rng = np.random.default_rng(seed)
+    sizes = [20, 13, 7, 4]
+    parents = np.concatenate([np.full(n, c * 4 + j) for c in range(2) for j, n in enumerate(sizes)])
+    labels = parents // 4
+    X = rng.normal(size=(len(parents), 8))
+    X[:, :4] += strength * rng.normal(size=(8, 4))[parents]
+    return X, labels, parents
+
+
+def in_sample_floor(labels, parents) -> float:
+    """The old floor, by hand: the largest parent's crops over all crops, per class."""
+    df = pd.DataFrame({"c": labels, "p": parents})
+    return df.groupby(["c", "p"]).size().groupby(level=0).max().sum() / len(df)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_floor_is_a_class_only_predictor_out_of_sample(seed) -> None:
+    """scikit-learn's DummyClassifier(most_frequent), fitted on each class's training folds and
+    scored on the held-out fold (the probe's own folds), gives the floor exactly; the in-sample
+    floor is higher."""
+    from sklearn.dummy import DummyClassifier
+
+    X, labels, parents = unequal_parents(seed)
+    probe = ParentProbe(n_folds=4, Cs=1.0, random_state=seed).fit(X, labels, parents)
+    correct = 0
+    for c in np.unique(labels):
+        for f in range(4):
+            tr, te = (labels == c) & (probe.folds_ != f), (labels == c) & (probe.folds_ == f)
+            dummy = DummyClassifier(strategy="most_frequent").fit(np.zeros((tr.sum(), 1)), parents[tr])
+            correct += int((dummy.predict(np.zeros((te.sum(), 1))) == parents[te]).sum())
+    assert probe.floor_ == pytest.approx(correct / len(labels), abs=1e-12)
+    # One parent far ahead: it is the largest in every training part, so here (and only where
+    # no parent comes close) the out-of-sample floor equals the in-sample one.
+    assert probe.floor_ == pytest.approx(in_sample_floor(labels, parents))
+
+
+def equal_parents(seed=0, strength=3.0):
+    """Two classes of 12 parents with 6 crops each and a strong parent code."""
+    rng = np.random.default_rng(seed)
+    parents = np.repeat(np.arange(24), 6)
+    labels = parents % 2
+    X = rng.normal(size=(144, 8))
+    X[:, :4] += strength * rng.normal(size=(24, 4))[parents]
+    return X, labels, parents
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_floor_of_equal_parents_by_hand(seed) -> None:
+    """6 crops in 4 sibling folds: every parent has 1 crop in two folds and 2 in the other two.
+    Scoring fold f, the parents with the most training crops (5) are exactly those with 1 crop
+    in f: the class-only predictor names one of them and gets 1 crop right, per class and
+    fold. Floor = 2 classes x 4 folds x 1 / 144 crops, where the in-sample floor is 1/12."""
+    X, labels, parents = equal_parents(seed)
+    probe = ParentProbe(n_folds=4, Cs=1.0, random_state=seed).fit(X, labels, parents)
+    assert probe.floor_ == pytest.approx(8 / 144, abs=1e-12)
+    assert probe.per_class_["floor"].tolist() == pytest.approx([4 / 72, 4 / 72])
+    assert in_sample_floor(labels, parents) == pytest.approx(1 / 12)
+
+
+def test_a_probe_that_learned_only_the_class_prior_sits_at_the_floor() -> None:
+    """Features with the parent code erased entirely (constant): the probe keeps only its
+    intercepts and names a largest training parent of the class (every one of them has 1 crop
+    in the scored fold), so R is the out-of-sample floor and the removed share is 1, where the
+    in-sample floor made it exceed 1."""
+    from probes import DiagnosticWarning
+    from probes.before_after import outcome
+
+    X, labels, parents = equal_parents(0, strength=1.0)
+    before = ParentProbe(n_folds=4, Cs=1.0).fit(X, labels, parents)
+    with pytest.warns(DiagnosticWarning, match="constant"):
+        after = ParentProbe(n_folds=4, Cs=1.0).fit(np.zeros_like(X), labels, parents)
+    assert after.R_ == pytest.approx(after.floor_, abs=1e-12) and after.floor_ == before.floor_
+    assert before.R_ > before.floor_ + 0.15
+    out = outcome(before, after, {"t": 1.0}, {"t": 1.0}, "t", 0.25, 0.01)
+    assert out["removed_share"] == pytest.approx(1.0, abs=1e-12)
+    old = in_sample_floor(labels, parents)
+    assert (before.R_ - after.R_) / (before.R_ - old) > 1.05  # what the in-sample floor reported (> 1)
 
 
 def test_a_parent_split_across_classes_is_probed_per_class() -> None:

@@ -475,7 +475,7 @@ def test_weights_identical_after_an_error_midway(monkeypatch):
 
 def test_cascade_blocks_from_the_top():
     assert cascade_blocks(timm_adapter("resnet18"), batch(1, 64))[:3] == ["layer4.1", "layer4.0", "layer3.1"]
-    assert cascade_blocks(timm_adapter("test_vit", **VIT), batch(1, 32))[:3] == ["norm", "blocks.5", "blocks.4"]
+    assert cascade_blocks(timm_adapter("test_vit", **VIT), batch(1, 32))[:3] == ["blocks.5", "blocks.4", "blocks.3"]
     blocks = cascade_blocks(tiny(), batch(1, 32))
     assert blocks == ["conv2", "conv1"]
     adapter = tiny()
@@ -486,12 +486,95 @@ def test_cascade_blocks_from_the_top():
         randomized_head_check(adapter, x, None, seed=2, cascade=3)
 
 
+TINY_VIT = dict(img_size=32, patch_size=8, depth=3, num_classes=5)  # vit_tiny_patch16_224's widths, 3 blocks, 4 x 4 patches
+
+
+def test_cascade_depth_counts_blocks_in_each_family():
+    """Depth counts transformer, residual and ConvNeXt blocks as timm's models hold them, never a
+    LayerNorm or a stem layer; the lists come from the models' own containers."""
+    import timm
+
+    torch.manual_seed(0)
+    for name, kw in [("vit_tiny_patch16_224", TINY_VIT), ("vit_tiny_patch16_224", {**TINY_VIT, "global_pool": "avg", "fc_norm": True}),
+                     ("deit_tiny_patch16_224", TINY_VIT)]:
+        model = timm.create_model(name, pretrained=False, **kw).eval()
+        want = [f"blocks.{i}" for i in reversed(range(len(model.blocks)))]
+        assert cascade_blocks(wrap(model), batch(1, 32)) == want, (name, kw)
+    resnet = timm_adapter("resnet18")
+    layers = [f"layer{s}.{i}" for s in (4, 3, 2, 1) for i in reversed(range(len(getattr(resnet.model, f"layer{s}"))))]
+    assert cascade_blocks(resnet, batch(1, 64)) == layers  # no 'bn1', 'conv1' (the stem)
+    effnet = timm_adapter("efficientnet_b0")
+    stages = effnet.model.blocks
+    want = [f"blocks.{s}.{i}" for s in reversed(range(len(stages))) for i in reversed(range(len(stages[s])))]
+    assert cascade_blocks(effnet, batch(1, 64)) == want  # no 'conv_head', 'bn2' (above the top block) or 'conv_stem'
+    convnext = wrap(timm.create_model("convnext_atto", pretrained=False, num_classes=5).eval())
+    stages = convnext.model.stages
+    want = [f"stages.{s}.blocks.{i}" for s in reversed(range(len(stages))) for i in reversed(range(len(stages[s].blocks)))]
+    assert cascade_blocks(convnext, batch(1, 32)) == want  # no 'head.norm', 'stages.3' (its downsampling) or 'stem.0'
+
+
+def reinitialised(adapter, x, cascade, monkeypatch):
+    """Names of the parameters a randomised-head check changed for its randomised maps: read
+    from the model during the last Grad-CAM pass. Every parameter is nudged first, so none sits
+    at the value re-initialisation gives (a LayerNorm's 1 and 0). Returns (names, the check)."""
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for p in adapter.model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    before = {n: p.detach().clone() for n, p in adapter.model.named_parameters()}
+    seen = []
+    real = saliency._cams
+
+    def spy(adapter_, *a, **k):
+        seen.append({n: p.detach().clone() for n, p in adapter_.model.named_parameters()})
+        return real(adapter_, *a, **k)
+
+    monkeypatch.setattr(saliency, "_cams", spy)
+    check = randomized_head_check(adapter, x, None, seed=0, cascade=cascade)
+    assert len(seen) == 2  # the trained maps, then the randomised ones
+    changed = {n for n in before if not torch.equal(before[n], seen[-1][n])}
+    assert all(torch.equal(before[n], p) for n, p in adapter.model.named_parameters())  # restored
+    return changed, check
+
+
+def test_cascade_1_on_a_vit_reinitialises_exactly_the_last_transformer_block(monkeypatch):
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY_VIT).eval()
+    last = {f"blocks.{len(model.blocks) - 1}.{n}" for n, _ in model.blocks[-1].named_parameters()}
+    head = {f"head.{n}" for n, _ in model.head.named_parameters()}
+    changed, check = reinitialised(wrap(model), batch(2, 32), 1, monkeypatch)
+    assert changed == last | head  # not 'norm.weight' (the final LayerNorm), not blocks.1
+    assert check.cascade_blocks == ("blocks.2",) and check.cascade_modules == ("blocks.2",)
+    assert any(n.startswith("blocks.2.norm1") for n in changed)  # LayerNorms inside the block are in
+
+
+def test_a_convnext_cascade_takes_a_stage_downsampling_between_its_blocks(monkeypatch):
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=5).eval()
+
+    def params(path):
+        return {f"{path}.{n}" for n, _ in model.get_submodule(path).named_parameters()}
+
+    head = params("head.fc")
+    two, _ = reinitialised(wrap(model), batch(2, 32), 2, monkeypatch)
+    assert two == head | params("stages.3.blocks.1") | params("stages.3.blocks.0")
+    model2 = timm.create_model("convnext_atto", pretrained=False, num_classes=5).eval()
+    three, check = reinitialised(wrap(model2), batch(2, 32), 3, monkeypatch)
+    assert three == two | params("stages.3.downsample") | params("stages.2.blocks.5")  # the layer between two blocks
+    assert check.cascade_blocks == ("stages.3.blocks.1", "stages.3.blocks.0", "stages.2.blocks.5")
+    assert not three & (params("head.norm") | params("stem"))
+
+
 def test_vit_randomized_head_check_uses_autograd_and_restores():
     adapter = timm_adapter("test_vit", **VIT)
     x = batch(4, 32, seed=4)
     before = state_copy(adapter)
     check = randomized_head_check(adapter, x, None, seed=0, cascade=1)
-    assert check.path == "autograd" and check.cascade_blocks == ("norm",)
+    assert check.path == "autograd" and check.cascade_blocks == ("blocks.5",) == check.cascade_modules
     assert check.maps.shape == (4, 32, 32)
     assert_same_state(adapter, before)
 

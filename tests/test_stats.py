@@ -324,7 +324,7 @@ def test_estimates_table_families_and_holm():
                             "value": np.linspace(0.1, 0.5, len(leak_models))})
     with warnings.catch_warnings():
         warnings.simplefilter("error", StatsWarning)
-        table = estimates(pred, results, n_boot=300)
+        table = estimates(pred, results, n_boot=300, hypotheses={})   # {}: the descriptive families only
     assert list(table.columns[: len(ESTIMATE_COLUMNS)]) == ESTIMATE_COLUMNS
     fams = set(table["family"])
     assert {"leak", "leak:color", "leak_under:color", "leak_cut:color", "clean_cost:color", "diversity:color",

@@ -242,7 +242,7 @@ def test_results_command_prints_the_bootstrap_leak_effect(tmp_path, capsys):
     hand = 100 * (pred.loc[pred["exposure"] == "leak", "correct"].mean() - pred.loc[pred["exposure"] == "clean", "correct"].mean())
     assert main(["results", str(tmp_path), "--n-boot", "300"]) == 0
     out = capsys.readouterr().out
-    line = next(l for l in out.splitlines() if l.split()[:2] == ["leak", "leak"])
+    line = next(l for l in out.splitlines() if l.split()[:3] == ["H3", "leak", "study"])   # H3, in the H2-H5 family
     m = re.search(r"([+-]\d+\.\d)\s+\[([+-]\d+\.\d), ([+-]\d+\.\d)\]", line)
     assert m, line
     est, lo, hi = map(float, m.groups())

@@ -13,7 +13,8 @@ from shortcutlab.report import readings as rd
 from shortcutlab.report.figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
 from shortcutlab.report.folder import ReportError, SweepFolder
 from shortcutlab.report.render import to_html, to_markdown
-from shortcutlab.report.tables import audit_card, dose_pairs, validity_table
+from shortcutlab.report.sensitivity import sensitivity_section
+from shortcutlab.report.tables import audit_card, dose_pairs, registered_table, validity_table
 from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
 
 TITLE = "shortcutlab report"
@@ -178,7 +179,8 @@ def _check_out(out: str) -> None:
 
 
 def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = None, *, n_boot: int = 2000, seed: int = 0,
-                 level: float = 0.95, examples: bool = True, device: str = "cpu", interval: str = "cgm") -> dict:
+                 level: float = 0.95, examples: bool = True, device: str = "cpu", analysis: dict | None = None,
+                 interval: str = "cgm") -> dict:
     """Write the report of a sweep folder: ``report.html`` (self-contained), ``report.md`` with
     ``figures/*.png``, and the tables it reads from (``estimates.csv``, ``validity.csv``).
 
@@ -192,6 +194,10 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         interval: their interval method ("cgm", default, or "pigeonhole"; `estimates`).
         examples: draw the example crops (loads two models; CPU, a few crops).
         device: where the example models run.
+        analysis: analysis settings (`sweep.registration.sweep_analysis`); when given, they
+            replace `n_boot`, `seed` and `level`, and their estimands, families and interval
+            method reach `estimates` where it takes them (`sweep.registration.estimates_options`).
+        interval: the interval method without `analysis` ("cgm", default, or "pigeonhole").
 
     Returns:
         dict of paths: dir, html, markdown, figures (list), estimates, validity.
@@ -201,21 +207,51 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         OutputError: `out` is a file, or a folder holding a file shortcutlab did not write as
             a report (`io.claim_output_dir`).
     """
-    from shortcutlab.stats import estimates
-
     folder = SweepFolder(sweep_dir)
     out = os.path.abspath(os.fspath(out) if out is not None else folder.layout.report)
     _check_out(out)
     pred = folder.predictions
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        est = estimates(pred, None, n_boot=n_boot, level=level, seed=seed, interval=interval)
+        if analysis is not None:
+            n_boot, seed, level = analysis["n_boot"], analysis["seed"], analysis["level"]
+        interval = analysis.get("interval") or interval if analysis is not None else interval
+        est = _estimates(pred, analysis, n_boot, seed, level, interval)
         sections, vtable = _sections(folder, est, n_boot, seed, level, examples, device)
     caught = _caught(w)
-    intro = _intro(folder, n_boot, seed, level, interval)
+    intro = _intro(folder, n_boot, seed, level, interval) + [_registration_line(folder.path, analysis)]
     html_text = to_html(TITLE, intro, sections, caught)
     md_text = to_markdown(TITLE, intro, sections, caught)
     return _write(out, sections, est, vtable, html_text, md_text)
+
+
+# --- registration and the config's analysis settings (issue 23, item 5) -------------------
+def _estimates(pred: pd.DataFrame, analysis: dict | None, n_boot: int, seed: int, level: float,
+               interval: str = "cgm") -> pd.DataFrame:
+    """The estimates, with the analysis settings' keywords where given (only the registered
+    estimands kept where `estimates` cannot select them)."""
+    from shortcutlab.stats import estimates
+    from shortcutlab.sweep.registration import estimates_options
+
+    if analysis is None:
+        return estimates(pred, None, n_boot=n_boot, level=level, seed=seed, interval=interval)
+    kw, _ = estimates_options(analysis)
+    est = estimates(pred, None, **kw)
+    if analysis.get("estimands") is not None and "estimands" not in kw:
+        est = est[est["estimand"].isin(analysis["estimands"])].reset_index(drop=True)
+    return est
+
+
+def _registration_line(path: str, analysis: dict | None = None) -> str:
+    """The report's statement on the registration (`sweep.registration.registration_statement`),
+    with the config's analysis settings that this version of the estimates could not apply."""
+    from shortcutlab.sweep.registration import estimates_options, registration_statement
+
+    notes = estimates_options(analysis)[1] if analysis is not None else []
+    line = registration_statement(path)
+    if analysis is not None:
+        line += " The estimates use the config's analysis section" + (": " + "; ".join(notes) if notes else "") + "."
+    return line
 
 
 def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, level: float, examples: bool,
@@ -227,6 +263,7 @@ def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, le
     validity, vtable = validity_section(est, results, n_boot, seed, level)
     sections = [
         audit_section(folder, results),
+        registered_section(est, level),
         accuracy_section(pred, est),
         forest_section(est, level),
         validity,
@@ -236,12 +273,28 @@ def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, le
     further = further_section(est, level)
     if further is not None:
         sections.append(further)
+    sections.append(sensitivity_section(pred, est, seed))
     if examples:
         sections.append(examples_section(folder, device=device))
     else:
         sections.append(left_out("examples", "Example crops: masks, interventions and Grad-CAM",
                                  "it was not requested (--no-examples)"))
     return sections, vtable
+
+
+def registered_section(est: pd.DataFrame, level: float = 0.95) -> Section:
+    """The registered tests as the paper's Table 2 (`registered_table`): each hypothesis the
+    sweep's rows test, its estimate, interval, p, Holm-adjusted p within its registered family
+    and the verdict; before every other estimate."""
+    key, title = "registered_tests", "Registered tests"
+    table = registered_table(est, level)
+    if table.empty:
+        return left_out(key, title, "no estimate tests a registered hypothesis (no protocol pair, factorial or "
+                                    "dose-response; or the hypotheses were switched off)")
+    return Section(key, title, reading=rd.registered_reading(table), table=table,
+                   notes=["Which rows test which hypothesis, and the families: shortcutlab.stats.hypotheses "
+                          "(the paper's by default: H1 alone, H2-H5, F1-F8). Every other estimate below is descriptive, "
+                          "Holm-adjusted within its own family in estimates.csv."])
 
 
 def further_section(est: pd.DataFrame, level: float = 0.95) -> Section | None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import pandas as pd
 
 from shortcutlab.stats import get_estimand
+from shortcutlab.stats.hypotheses import HYPOTHESES
 from shortcutlab.stats.units import ci_pct, ci_pp, is_nan, pct, pp, pp_number
 
 #: How the report names the unaltered crops (setting "none"); interventions name themselves
@@ -340,3 +341,25 @@ def moves_verdict(low: float, high: float, negligible: float = 0.01) -> str:
     if not (low > 0 or high < 0):
         return "does not move"
     return "moves" if max(abs(low), abs(high)) >= negligible else "moves negligibly"
+
+
+def registered_reading(table: pd.DataFrame, alpha: float = 0.05) -> str:
+    """The registered tests in one or two sentences, from `registered_table`'s display rows:
+    'Rejected at a family-wise 5% (Holm within each registered family): H1 (crc), H3 (crc).
+    Not rejected: F2 (crc, greyscale).'"""
+    def name(r):       # a cut names its intervention, a retrained factorial its recipe: the test's (...) or [...]
+        setting = r["test"][len(HYPOTHESES.get(r["hypothesis"], "")):].strip()
+        setting = setting[1:-1] if setting[:1] in "([" and setting[-1:] in ")]" else setting
+        return f"{r['hypothesis']} ({r['condition']}{', ' + setting if setting else ''})"
+
+    done = table[table["reject"] != ""]
+    yes = [name(r) for r in done.to_dict("records") if r["reject"] == "yes"]
+    no = [name(r) for r in done.to_dict("records") if r["reject"] == "no"]
+    untested = [name(r) for r in table.to_dict("records") if r["reject"] == ""]
+    parts = [f"Rejected at a family-wise {alpha:.0%} (Holm within each registered family): "
+             f"{', '.join(yes) if yes else 'none'}."]
+    if no:
+        parts.append(f"Not rejected: {', '.join(no)}.")
+    if untested:
+        parts.append(f"No test (no interval): {', '.join(untested)}.")
+    return " ".join(parts)

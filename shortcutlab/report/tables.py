@@ -10,8 +10,11 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, headline_arch, intervention_rows, moves_verdict,
-                                         removal_verdict, suppliers)
+from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, headline_arch, intervention_label,
+                                         intervention_rows, moves_verdict, removal_verdict, suppliers)
+from shortcutlab.stats import get_estimand
+from shortcutlab.stats.hypotheses import registered_tests
+from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
 
 PAIR_KEYS = ["condition", "arch", "diversity", "seed"]
 
@@ -443,3 +446,44 @@ def audit_card(manifest: str, split: str, columns: dict | None = None, geometry:
         if not s.empty:
             card["siblings_share"] = float(s["value"].mean())
     return card
+
+
+# --- the registered tests (the paper's Table 2) ---------------------------------------------------
+
+def _p_text(p) -> str:
+    """A p-value as the paper prints it: '<0.001', else three decimals; '' for no test."""
+    if p is None or not np.isfinite(p):
+        return ""
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def registered_table(est: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """The estimates' registered tests as display strings, in the paper's order (Table 2):
+    hypothesis, test, condition, estimate and interval in the estimand's unit, p, p_holm, the
+    Holm family and whether it is rejected at the family-wise level (a row without an interval
+    says why instead: never a degenerate [x, x]). Empty when no row carries a hypothesis."""
+    rows = registered_tests(est)
+    out = []
+    for r in rows.to_dict("records"):
+        unit = get_estimand(str(r["estimand"])).unit
+        scale = 100.0 if unit.startswith("pp per") else 1.0      # a slope of fractions, printed in pp
+        lo, hi = r["ci_low"], r["ci_high"]
+        if not is_nan(lo) and lo == hi:                           # resamples that do not vary: no interval
+            lo = hi = np.nan
+            why = f"the resamples do not vary ({int(r['n_seeds'])} seed(s))"
+            r = {**r, "p_value": np.nan, "p_holm": np.nan, "reason": f"{why}; {r['reason']}" if r.get("reason") else why}
+        interval = format_interval(lo * scale, hi * scale, unit, level) if not is_nan(lo) else "no interval"
+        if interval == "no interval" and r.get("reason"):
+            interval = f"no interval: {r['reason']}"
+        value = f"{pp_number(r['estimate'])} {unit}" if scale != 1 and not is_nan(r["estimate"]) else \
+            format_value(r["estimate"], unit)
+        cut = r["estimand"] in ("leak_cut", "leak_cut_pooled")      # named by the intervention's label, as elsewhere
+        what = r["name"] + (f" ({intervention_label(str(r['intervention']))})" if cut else "")
+        what += f" [{r['recipe']}]" if str(r.get("recipe") or "") not in ("", "nan") else ""
+        tested = not is_nan(r["p_holm"])
+        out.append({"hypothesis": r["hypothesis"], "test": what, "condition": r["condition"],
+                    "estimate": value, "interval": interval, "p": _p_text(r["p_value"]),
+                    "p_holm": _p_text(r["p_holm"]), "family": r["family"],
+                    "reject": ("yes" if r["reject"] else "no") if tested else ""})
+    return pd.DataFrame(out, columns=["hypothesis", "test", "condition", "estimate", "interval", "p", "p_holm", "family",
+                                      "reject"])

@@ -18,8 +18,11 @@ parents, percentile intervals, bootstrap p-values, Holm within named families (`
 its unit and reading) and assembles them into one tidy table.
 
 Modules, one idea each: `predictions` (the predictions table's columns and checks),
-`bootstrap` (the vectorised two-way cluster bootstrap), `factorial` (the leak effect),
-`effects` (interventions, protocol, diversity), `dose` (dose-response), `multiple` (Holm),
+`bootstrap` (the vectorised two-way cluster bootstrap and its intervals), `factorial` (the leak
+effect), `effects` (interventions, protocol, diversity, the pooled H3 rows), `dose`
+(dose-response), `multiple` (Holm), `hypotheses` (the paper's labels H1-F8 and their registered
+families), `sensitivity` (sign-flip, per-seed t, binomial mixed model), `power` (variance
+components and simulated power),
 `intervals` (Wilson, chance level, parent-cluster bootstrap of one accuracy), `simulate`
 (predictions with a known effect), `units` (how a unit is printed) and `estimands` (the
 registry and `estimates`).

@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
 from .bootstrap import DEFAULT_INTERVAL, Cells, check_interval, degenerate_reason, estimate_row, finish_rows, paired_support
-from .factorial import LEAK_COLUMNS, leak_rows, no_factorial_rows, prepare_factorial
+from .errors import StatsWarning
+from .factorial import LEAK_COLUMNS, factorial_rows, leak_rows, no_factorial_rows, prepare_factorial
 from .predictions import check_predictions, check_unique
 
-__all__ = ["INTERVENTION_COLUMNS", "PROTOCOL_COLUMNS", "diversity_effect", "intervention_effect",
-           "intervention_table", "protocol_effect"]
+__all__ = ["INTERVENTION_COLUMNS", "PROTOCOL_COLUMNS", "diversity_effect", "diversity_rows", "h3_rows",
+           "intervention_effect", "intervention_table", "protocol_effect", "recipe_rows"]
 
 INTERVENTION_COLUMNS = LEAK_COLUMNS[:5] + ["baseline"] + LEAK_COLUMNS[5:] + ["cost_exceeds_leak"]
 
@@ -246,3 +249,192 @@ def diversity_effect(pred, baseline, n_boot, level, seed, interval: str = DEFAUL
                              arch="pooled", diversity="high-low", intervention=baseline, n_seeds=ns, n_parents=npar,
                              n_crops=sum(p[4] for p in per)))
     return finish_rows(rows, ["family"] + LEAK_COLUMNS)
+
+
+# --- the paper's H3 as one test, and the retrained recipes (F3, F4) -----------------------------------
+
+def _arch_pooled(effects: dict, archs, div, inter):
+    """The leak (estimate, replicates, size) of one diversity level and intervention pooled over
+    architectures (`leak_rows`' ``pooled`` entry, or the only architecture's); None if absent."""
+    if ("pooled", div, inter) in effects:
+        return effects[("pooled", div, inter)]
+    present = [effects[(a, div, inter)] for a in archs if (a, div, inter) in effects]
+    return present[0] if len(present) == 1 else None
+
+
+def _combine(parts, weights) -> tuple:
+    """sum_i w_i * part_i of (estimate, replicates or None, size) triples, with the size of the
+    combination: the fewest seeds and parents of any part, the crops of all parts."""
+    est = float(sum(w * p[0] for p, w in zip(parts, weights)))
+    rep = None if parts[0][1] is None else sum(w * p[1] for p, w in zip(parts, weights))
+    size = (min(p[2][0] for p in parts), min(p[2][1] for p in parts), int(sum(p[2][2] for p in parts)))
+    return est, rep, size
+
+
+def _pooled_row(combo, level: float, interval: str = DEFAULT_INTERVAL, **key) -> dict:
+    """One `estimate_row` of a combination from `_combine`, with its degenerate reason
+    (`interval`: the method its replicates were drawn for)."""
+    est, rep, (ns, npar, ncrop) = combo
+    return estimate_row(est, rep, level, degenerate_reason(ns, npar), interval, n_seeds=ns, n_parents=npar,
+                        n_crops=ncrop, **key)
+
+
+def h3_rows(prepared, *, baseline: str = "none", level: float = 0.95, interval: str = DEFAULT_INTERVAL) -> pd.DataFrame:
+    """The paper's H3 as one test per condition, and what the paper reports beside it.
+
+    From the factorial's draws (`prepare_factorial`: every cell of a condition resampled under
+    the same seed and parent draws, so all differences are paired), on the `baseline`
+    intervention, per condition:
+
+    - ``leak_pooled``: the leak effect (leak minus clean accuracy) pooled over architectures
+      and diversity levels: the unweighted mean over diversity levels of the mean over
+      architectures, i.e. the main effect of leak with the +-1/2 coding of the paper's mixed
+      model (H3: 1.73 pp). Only with two or more diversity levels: with one, the ``leak``
+      row pooled over architectures is already that number;
+    - ``leak_x_diversity``: the leak effect at high minus at low diversity, pooled over
+      architectures (the paper: -0.20 pp, p = 0.60); only with both levels;
+    - ``leak_cut_pooled``: per intervention other than `baseline`, the leak under `baseline`
+      minus the leak under the intervention, pooled over architectures and diversity levels
+      (the paper's F2, color transfer: 1.27 pp); likewise only with two or more levels.
+
+    The diversity effect within clean cells is the ``diversity`` estimand (`diversity_rows`).
+
+    Args:
+        prepared: `prepare_factorial`'s (predictions, draws).
+        baseline: the intervention of the unaltered crops.
+        level: interval coverage.
+        interval: the method `prepared` was drawn for (`prepare_factorial`).
+
+    Returns:
+        Rows of `LEAK_COLUMNS`: arch 'pooled', diversity 'pooled' ('high-low' for the
+        interaction), intervention the one scored (the cut's: the intervention).
+    """
+    _, (boots, _missing) = prepared
+    rows = []
+    for condition, (cells, point, reps, archs) in boots.items():
+        effects = leak_rows(cells, condition, archs, level, reps, point, True, interval=interval)[1]
+        divs = sorted(set(cells.table["diversity"]))
+        key = dict(condition=condition, arch="pooled")
+        base = [_arch_pooled(effects, archs, d, baseline) for d in divs]
+        if len(base) < 2 or any(b is None for b in base):
+            continue
+        rows.append(_pooled_row(_combine(base, [1 / len(base)] * len(base)), level, interval, estimand="leak_pooled",
+                                diversity="pooled", intervention=baseline, **key))
+        if {"high", "low"} <= set(divs):
+            hi, lo = base[divs.index("high")], base[divs.index("low")]
+            rows.append(_pooled_row(_combine([hi, lo], [1, -1]), level, interval=interval, estimand="leak_x_diversity",
+                                    diversity="high-low", intervention=baseline, **key))
+        for inter in sorted(set(cells.table["intervention"]) - {baseline}):
+            alt = [_arch_pooled(effects, archs, d, inter) for d in divs]
+            if any(a is None for a in alt):
+                continue
+            w = [1 / len(divs)] * len(divs)
+            rows.append(_pooled_row(_combine(base + alt, w + [-x for x in w]), level, interval=interval, estimand="leak_cut_pooled",
+                                    diversity="pooled", intervention=inter, **key))
+    return finish_rows(rows, LEAK_COLUMNS)
+
+
+def diversity_rows(prepared, *, baseline: str = "none", level: float = 0.95,
+                   interval: str = DEFAULT_INTERVAL) -> pd.DataFrame:
+    """Clean-high minus clean-low accuracy from the factorial's draws (as `diversity_effect`,
+    whose definition it keeps: clean models only, per architecture and pooled as the unweighted
+    mean over architectures), so that it is paired with the leak and the interaction of
+    `h3_rows` (the paper estimates diversity within clean cells: 0.00 pp).
+
+    Args:
+        prepared: `prepare_factorial`'s (predictions, draws).
+        baseline, level, interval: as in `h3_rows`.
+
+    Returns:
+        Rows as `diversity_effect`'s (``family`` ``diversity:<condition>``).
+    """
+    _, (boots, _missing) = prepared
+    rows = []
+    for condition, (cells, point, reps, archs) in boots.items():
+        per = []
+        for arch in archs:
+            kh, kl = cells.index.get((arch, "high", baseline, "clean")), cells.index.get((arch, "low", baseline, "clean"))
+            if kh is None or kl is None:
+                continue
+            size = paired_support(cells, [kh, kl])
+            per.append((point[kh] - point[kl], reps[:, kh] - reps[:, kl] if reps is not None else None, size))
+            rows.append(_pooled_row(per[-1], level, interval=interval, estimand="diversity", family=f"diversity:{condition}",
+                                    condition=condition, arch=arch, diversity="high-low", intervention=baseline))
+        if len(per) > 1:
+            rows.append(_pooled_row(_combine(per, [1 / len(per)] * len(per)), level, interval, estimand="diversity",
+                                    family=f"diversity:{condition}", condition=condition, arch="pooled",
+                                    diversity="high-low", intervention=baseline))
+    return finish_rows(rows, ["family"] + LEAK_COLUMNS)
+
+
+def _recipe_leak(cells: Cells, point, reps, recipe: str, archs, divs):
+    """One recipe's leak pooled over architectures (per diversity level) and then diversity
+    levels, as `_combine`'s triple; None where a level has no leak/clean pair."""
+    per_div = []
+    for div in divs:
+        per_arch = []
+        for arch in archs:
+            kl, kc = cells.index.get((recipe, arch, div, "leak")), cells.index.get((recipe, arch, div, "clean"))
+            if kl is not None and kc is not None:
+                per_arch.append((point[kl] - point[kc], reps[:, kl] - reps[:, kc] if reps is not None else None,
+                                 paired_support(cells, [kl, kc])))
+        if not per_arch:
+            return None
+        per_div.append(_combine(per_arch, [1 / len(per_arch)] * len(per_arch)))
+    return _combine(per_div, [1 / len(per_div)] * len(per_div))
+
+
+def recipe_rows(pred: pd.DataFrame, *, baseline: str = "none", baseline_recipe: str | None = None, n_boot: int = 10_000,
+                level: float = 0.95, seed: int = 0, interval: str = DEFAULT_INTERVAL) -> pd.DataFrame:
+    """The leak of factorials retrained under other recipes (the paper's F3, F4), paired.
+
+    The paper retrained the whole factorial with masked backgrounds (F3: the leak persisted,
+    1.86 pp) and with strong HED colour jitter (F4: the leak cut, -0.23 pp). In a sweep such a
+    factorial is another model entry of the same condition, told apart by the predictions'
+    ``recipe`` column (the settings that vary between model entries, ``arch`` left out). Per
+    condition with two or more recipes, on the `baseline` intervention, one two-way bootstrap
+    over cells (recipe x arch x diversity x exposure): all recipes share the seed and parent
+    draws (a seed fixes the split every recipe trains on), so the cut is paired.
+
+    - ``recipe_leak``: each recipe's leak pooled over architectures and diversity levels (as
+      `h3_rows`' ``leak_pooled``);
+    - ``recipe_cut``: the leak under `baseline_recipe` minus the leak under each other recipe.
+
+    Args:
+        pred: checked predictions with a ``recipe`` column (arch left out).
+        baseline: the intervention of the unaltered crops.
+        baseline_recipe: the recipe the cuts are taken from (None: the first in sorted order,
+            so '' -- the entry that sets none of the varying settings -- when there is one).
+        n_boot, level, seed, interval: the bootstrap (`leak_effect`).
+
+    Returns:
+        Rows of `LEAK_COLUMNS` + ``recipe``; none for a condition with a single recipe.
+    """
+    with warnings.catch_warnings():     # crops left out of the pairing: the leak estimand already warned
+        warnings.simplefilter("ignore", StatsWarning)
+        fac = factorial_rows(pred)[0]
+    fac = fac[fac["intervention"] == baseline]
+    rows = []
+    for condition, sub in fac.groupby("condition", sort=True):
+        recipes = sorted(sub["recipe"].astype(str).unique())
+        if len(recipes) < 2:
+            continue
+        base_recipe = recipes[0] if baseline_recipe is None else baseline_recipe
+        cells = Cells(sub, ["recipe", "arch", "diversity", "exposure"])
+        point = cells.point()
+        reps = cells.boot(n_boot, np.random.default_rng(seed), interval=interval) if n_boot > 0 else None
+        archs, divs = sorted(sub["arch"].unique()), sorted(sub["diversity"].unique())
+        leaks = {r: _recipe_leak(cells, point, reps, r, archs, divs) for r in recipes}
+        key = dict(condition=condition, arch="pooled", diversity="pooled", intervention=baseline)
+        for r in recipes:
+            if leaks[r] is not None:
+                rows.append(_pooled_row(leaks[r], level, interval=interval, estimand="recipe_leak", recipe=r, **key))
+            else:
+                rows.append(dict(estimand="recipe_leak", recipe=r, **key, estimate=np.nan, n_seeds=0, n_parents=0,
+                                 n_crops=0, n_boot=0, reason="no leak/clean pair of this recipe at every diversity level "
+                                                             f"({', '.join(divs)}) of the condition"))
+        for r in recipes:
+            if r != base_recipe and leaks[r] is not None and leaks.get(base_recipe) is not None:
+                rows.append(_pooled_row(_combine([leaks[base_recipe], leaks[r]], [1, -1]), level, interval=interval,
+                                        estimand="recipe_cut", recipe=r, **key))
+    return finish_rows(rows, LEAK_COLUMNS + ["recipe"])

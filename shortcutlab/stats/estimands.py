@@ -10,8 +10,11 @@ and Holm-adjusts the p-values within families. Third-party estimands join throug
 entry-point group ``shortcutlab.estimands`` (an entry point naming a module whose import
 registers them).
 
-Built-in estimands, in order: ``leak``, ``diversity``, ``leak_cut``, ``share_removed``,
-``clean_cost``, ``protocol``, ``slope`` (see `estimates`).
+Built-in estimands, in order: ``leak``, ``leak_pooled``, ``leak_x_diversity``,
+``leak_cut_pooled``, ``recipe_leak``, ``recipe_cut``, ``diversity``, ``leak_cut``,
+``share_removed``, ``clean_cost``, ``protocol``, ``slope`` (see `estimates`). The rows that test
+one of the paper's registered hypotheses carry its label in ``hypothesis`` and are Holm-adjusted
+in its registered family (`shortcutlab.stats.hypotheses`).
 
 Example:
     >>> import pandas as pd
@@ -30,9 +33,10 @@ Example:
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Mapping
 
 import numpy as np
 import pandas as pd
@@ -41,9 +45,10 @@ from shortcutlab.plugins import Registry
 
 from .bootstrap import DEFAULT_INTERVAL, check_interval
 from .dose import dose_points, dose_response
-from .effects import diversity_effect, intervention_table, protocol_effect
+from .effects import diversity_rows, h3_rows, intervention_table, protocol_effect, recipe_rows
 from .errors import StatsError, StatsWarning
 from .factorial import factorial_bootstrap, leak_table
+from .hypotheses import assign_hypotheses
 from .multiple import add_holm
 from .predictions import check_predictions, check_unique
 from .units import ci_pp, format_interval, format_value, is_nan, pp
@@ -52,7 +57,7 @@ __all__ = ["ENTRY_POINT_GROUP", "ESTIMATE_COLUMNS", "Estimand", "EstimandContext
            "estimates", "get_estimand", "read_row", "register_estimand", "unregister_estimand"]
 
 #: Columns of `estimates`' table, in order.
-ESTIMATE_COLUMNS = ["estimand", "family", "condition", "arch", "diversity", "intervention", "estimate",
+ESTIMATE_COLUMNS = ["hypothesis", "estimand", "family", "condition", "arch", "diversity", "intervention", "recipe", "estimate",
                     "ci_low", "ci_high", "se", "p_value", "p_holm", "reject", "n_seeds", "n_parents", "n_crops",
                     "n_boot", "reason", "interval_method"]
 
@@ -165,6 +170,8 @@ class EstimandContext:
         p1, p2: the protocols compared by the protocol effect.
         n_boot, level, seed: the bootstrap (resamples, interval coverage, seed).
         interval: the interval method ("cgm" or "pigeonhole", `shortcutlab.stats.bootstrap`).
+        baseline_recipe: the recipe whose factorial the retrained ones are compared with
+            (`recipe_rows`; None: the first recipe in sorted order).
     """
 
     pred: pd.DataFrame
@@ -176,6 +183,7 @@ class EstimandContext:
     level: float = 0.95
     seed: int = 0
     interval: str = DEFAULT_INTERVAL
+    baseline_recipe: str | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -272,13 +280,71 @@ def leak_estimand(ctx: EstimandContext) -> pd.DataFrame:
     return leak
 
 
+def _h3(ctx: EstimandContext) -> pd.DataFrame | None:
+    """`h3_rows` (pooled leak, leak x diversity, pooled cuts), computed once for the three
+    estimands, with their descriptive families (a registered hypothesis replaces them)."""
+    if not ctx.factorial_conditions:
+        return None
+
+    def compute():
+        rows = h3_rows(ctx.factorial(), baseline=ctx.baseline, level=ctx.level, interval=ctx.interval)
+        fam = {"leak_pooled": "leak_pooled", "leak_x_diversity": "leak_x_diversity"}
+        rows["family"] = [fam.get(e, f"{e}:{c}") for e, c in zip(rows["estimand"], rows["condition"])]
+        return rows
+
+    return ctx.joint("h3", compute)
+
+
+def _joint_rows(name: str, joint: Callable[[EstimandContext], pd.DataFrame | None]) -> Callable:
+    def rows(ctx: EstimandContext) -> pd.DataFrame | None:
+        frame = joint(ctx)
+        return None if frame is None else frame[frame["estimand"] == name]
+
+    rows.__doc__ = f"The {name} rows of {joint.__name__.strip('_')} (computed once with its siblings)."
+    rows.__qualname__ = f"{name}_estimand"
+    return rows
+
+
+register_estimand("leak_pooled", unit="pp", section="table",
+                  reading="the leak pooled over architectures and diversity levels is {estimate} ({interval})"
+                  )(_joint_rows("leak_pooled", _h3))
+register_estimand("leak_x_diversity", unit="pp", section="table",
+                  reading="the leak is {estimate} larger at high than at low diversity ({interval})"
+                  )(_joint_rows("leak_x_diversity", _h3))
+register_estimand("leak_cut_pooled", unit="pp", section="table",
+                  reading="{intervention} cuts the leak pooled over architectures and diversity by {estimate} ({interval})"
+                  )(_joint_rows("leak_cut_pooled", _h3))
+
+
+def _recipes(ctx: EstimandContext) -> pd.DataFrame | None:
+    """`recipe_rows` (the factorial retrained under other recipes), computed once; None
+    without recipes (a predictions table without a ``recipe`` column, or a single recipe)."""
+    if "recipe" not in ctx.pred.columns or not ctx.factorial_conditions:
+        return None
+
+    def compute():
+        rows = recipe_rows(ctx.pred, baseline=ctx.baseline, baseline_recipe=ctx.baseline_recipe, **ctx.boot,
+                           interval=ctx.interval)
+        rows["family"] = rows["estimand"] + ":" + rows["condition"]
+        return rows
+
+    return ctx.joint("recipes", compute)
+
+
+register_estimand("recipe_leak", unit="pp", section="table",
+                  reading="models trained with {recipe} show a leak of {estimate} ({interval})")(_joint_rows("recipe_leak", _recipes))
+register_estimand("recipe_cut", unit="pp", section="table",
+                  reading="training with {recipe} cuts the leak by {estimate} ({interval})")(_joint_rows("recipe_cut", _recipes))
+
+
 @register_estimand("diversity", unit="pp", section="table",
                    reading="clean models score {estimate} more on high- than on low-diversity data ({interval})")
 def diversity_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
-    """Clean-high minus clean-low accuracy (`diversity_effect`), family ``diversity:<condition>``."""
+    """Clean-high minus clean-low accuracy (`diversity_rows`: `diversity_effect`'s definition
+    from the factorial's draws, paired with the leak), family ``diversity:<condition>``."""
     if not ctx.factorial_conditions:
         return None
-    return diversity_effect(ctx.pred, ctx.baseline, **ctx.boot, interval=ctx.interval)
+    return diversity_rows(ctx.factorial(), baseline=ctx.baseline, level=ctx.level, interval=ctx.interval)
 
 
 def _interventions(ctx: EstimandContext) -> pd.DataFrame | None:
@@ -330,7 +396,10 @@ def protocol_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
 @register_estimand("slope", unit="pp per unit of R", reading=slope_phrase, section="dose_response")
 def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
     """The slope of the leak gap on R (`dose_points`, `dose_response` clustered by seed) per
-    condition, family ``dose``; only with results."""
+    condition, family ``dose``; only with results. With fewer than `MIN_SLOPE_SEEDS` seeds the
+    slope is stated with no interval and no p-value (a reason, a warning): resampling two
+    clusters gives at most three distinct slopes, so its interval was [x, x] and its p-value
+    entered Holm as a test."""
     if ctx.results is None:
         return None
     pts = dose_points(ctx.pred, ctx.results, intervention=ctx.baseline)
@@ -341,6 +410,17 @@ def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
                                   intervention=ctx.baseline, estimate=np.nan, n_boot=0,
                                   reason="no parent-probe R row for a factorial leak model")])
     dose = dose_response(pts, x="R", y="gap", cluster="seed", by=["condition"], **ctx.boot)
+    # (dose_response already gives no interval below MIN_CLUSTERS = 3 clusters; the estimand's
+    # own reason and warning name the slope)
+    few = dose["estimate"].notna() & (dose["n_clusters"] < MIN_SLOPE_SEEDS)
+    if few.any():   # resampling 2 seeds gives a slope that barely varies: no interval, and no test in Holm
+        why = [f"{int(n)} seed(s): a slope's interval needs {MIN_SLOPE_SEEDS} or more"
+               for n in dose.loc[few, "n_clusters"]]
+        dose.loc[few, ["ci_low", "ci_high", "se", "p_value"]] = np.nan
+        dose.loc[few, "reason"] = why
+        dose.loc[few, "n_boot"] = 0
+        warnings.warn(f"estimates: slope of {', '.join(map(str, dose.loc[few, 'condition']))}: {why[0]}", StatsWarning,
+                      stacklevel=4)
     dose = dose.assign(arch="pooled", diversity="", intervention=ctx.baseline, family="dose",
                        n_seeds=dose["n_clusters"], n_parents=np.nan, n_crops=np.nan)
     return dose.drop(columns=["intercept", "n_points", "n_clusters"])
@@ -350,7 +430,8 @@ def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
 
 def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *, baseline: str = "none",
               p1: str = "crop", p2: str = "parent", n_boot: int = 10_000, level: float = 0.95, seed: int = 0,
-              alpha: float = 0.05, interval: str = DEFAULT_INTERVAL) -> pd.DataFrame:
+              alpha: float = 0.05, hypotheses: Mapping | None = None, families: Mapping | None = None,
+              baseline_recipe: str | None = None, interval: str = DEFAULT_INTERVAL) -> pd.DataFrame:
     """Every registered estimand of a sweep in one tidy table, Holm-adjusted within families.
 
     Built-in estimands (rows; all fractions) and their Holm families:
@@ -369,13 +450,39 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
     - ``slope`` of the leak gap on R (`dose_points`, cluster = seed) per condition, when
       `results` holds R rows: family ``dose``.
 
+    - ``leak_pooled``: the leak pooled over architectures and diversity levels (one row per
+      condition: the paper's H3), ``leak_x_diversity`` (leak at high minus at low diversity)
+      and ``leak_cut_pooled`` (per intervention, pooled likewise: F2), all from the draws of
+      ``leak`` (`h3_rows`); descriptive families ``leak_pooled``, ``leak_x_diversity``,
+      ``leak_cut_pooled:<condition>``;
+    - ``recipe_leak`` and ``recipe_cut``: with several training recipes in a condition (the
+      predictions' ``recipe`` column, ``arch=`` left out), each recipe's pooled leak and its
+      cut from `baseline_recipe`'s (F3, F4; `recipe_rows`); the other factorial estimands pool
+      the recipes.
+
     Estimands registered with `register_estimand` follow, in registration order.
 
-    Intervals: ``interval="cgm"`` (default; Cameron-Gelbach-Miller two-way clustering, t with
-    min(seeds, parents) - 1 df, calibrated) or ``"pigeonhole"`` (Owen's two-way bootstrap,
-    percentile, conservative); the slope's one-way seed bootstrap is a percentile interval
-    either way. Column ``interval_method`` records which; fewer than 3 seeds or test parents
-    give no interval (NaN and a `reason`).
+    **Registered tests.** Rows testing one of the paper's hypotheses get its label in
+    ``hypothesis`` (`shortcutlab.stats.hypotheses`: by default H1/H2 the pooled protocol effect
+    per benchmark, H3 ``leak_pooled``, F2 ``leak_cut_pooled``, F3/F4 the masked-background and
+    HED-jitter recipes, F8 ``slope``) and are Holm-adjusted within their registered family
+    (default the paper's: H1 alone, H2-H5, F1-F8); the other rows keep the descriptive
+    families above.
+
+    Args:
+        predictions, results: the sweep's tables.
+        baseline: the intervention of the unaltered crops.
+        p1, p2: the protocols of the protocol effect.
+        n_boot, level, seed: the two-way bootstrap.
+        alpha: the family-wise error rate of Holm's `reject`.
+        hypotheses: {label: selector} naming the rows each hypothesis tests (see
+            `shortcutlab.stats.hypotheses`); None: the paper's defaults; {}: no labels.
+        families: {family: [labels]}, e.g. ``{"primary": ["H1"], "study": ["H2", "H3"]}``;
+            None: `PAPER_FAMILIES`. Unknown labels are an error naming them.
+        baseline_recipe: the recipe the retrained factorials are compared with (None: the
+            first in sorted order).
+        interval: "cgm" (Cameron-Gelbach-Miller, calibrated) or "pigeonhole" (conservative; see
+            `shortcutlab.stats.bootstrap`), recorded in ``interval_method``; <3 seeds: no interval.
 
     A condition with no factorial cells gets no leak rows (e.g. a protocol-only benchmark, as
     CRIC in the paper); one with neither factorial cells nor both protocols, and a sweep with no
@@ -388,11 +495,26 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
     """
     pred = check_predictions(predictions)
     check_unique(pred)
+    if "recipe" in predictions.columns:
+        pred["recipe"] = [recipe_without_arch(r) for r in predictions["recipe"].astype(str).to_numpy()]
     ctx = EstimandContext(pred, results, baseline=baseline, p1=p1, p2=p2, n_boot=n_boot, level=level, seed=seed,
-                          interval=check_interval(interval))
+                          baseline_recipe=baseline_recipe, interval=check_interval(interval))
     parts = [_unused_conditions(ctx)]
     parts += _registered_parts(ctx)
-    return _table(parts, alpha)
+
+    def label(table):
+        return assign_hypotheses(table, hypotheses, families, baseline=baseline, baseline_recipe=baseline_recipe,
+                                 conditions=list(dict.fromkeys(pred["condition"].astype(str))))
+
+    return _table(parts, alpha, label)
+
+
+def recipe_without_arch(recipe: str) -> str:
+    """A sweep's ``recipe`` ('arch=resnet18,mask_background=True') without its ``arch=`` part:
+    the architecture is a column of its own, so a factorial retrained under another recipe is
+    told apart from the same recipe on another architecture."""
+    parts = re.split(r",(?=[A-Za-z_][A-Za-z0-9_]*=)", recipe) if recipe else []
+    return ",".join(p for p in parts if not p.startswith("arch="))
 
 
 def _unused_conditions(ctx: EstimandContext) -> pd.DataFrame:
@@ -433,8 +555,9 @@ def _registered_parts(ctx: EstimandContext) -> list[pd.DataFrame]:
     return parts
 
 
-def _table(parts: list[pd.DataFrame], alpha: float) -> pd.DataFrame:
-    """The parts as one table in their order, every column of `ESTIMATE_COLUMNS`, Holm-adjusted."""
+def _table(parts: list[pd.DataFrame], alpha: float, label: Callable | None = None) -> pd.DataFrame:
+    """The parts as one table in their order, every column of `ESTIMATE_COLUMNS`, labelled with
+    their hypotheses (`label`) and Holm-adjusted."""
     parts = [p for p in parts if len(p)]
     table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["_rank", "_seq"])
     table = table.sort_values(["_rank", "_seq"], kind="mergesort").drop(columns=["_rank", "_seq"])
@@ -444,6 +567,10 @@ def _table(parts: list[pd.DataFrame], alpha: float) -> pd.DataFrame:
             table[col] = np.nan
     table["family"] = table["family"].fillna("")
     table["interval_method"] = table["interval_method"].fillna("")
+    table["recipe"] = table["recipe"].astype(object).fillna("")
+    if label is not None:
+        table = label(table)
+    table["hypothesis"] = table["hypothesis"].astype(object).fillna("")
     table = add_holm(table, family="family", alpha=alpha)
     extra = [c for c in ("baseline", "cost_exceeds_leak") if c in table.columns]
     return table[ESTIMATE_COLUMNS + extra].reset_index(drop=True)

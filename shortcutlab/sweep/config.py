@@ -18,6 +18,9 @@ Schema (every key but `data`, `split`, `seeds` and `models` optional)::
     device: cpu
     threads: 1
     limits: {tasks: 100000, seeds: 10000}   # caps (DEFAULT_LIMITS); `sweep --limit NAME=N` sets any
+    analysis: {n_boot: 10000, seed: 0, level: 0.95, interval: cgm, alpha: 0.05,
+               families: {primary: [H1, H2]}, estimands: [leak, leak_cut],
+               hypotheses: {H3: {estimand: leak_pooled, condition: color}}}   # `results`/`report` defaults; registered
 
 Lists expand to a grid: a list of mechanisms gives one data condition per entry (an entry may
 itself be a list: mechanisms planted together), a list for any other synthetic setting, split
@@ -43,7 +46,8 @@ class SweepConfigError(ShortcutlabError):
     """A sweep config is invalid; the message names the file, the key path, the value and what is allowed."""
 
 
-TOP_KEYS = ("data", "split", "seeds", "models", "cells", "interventions", "diagnostics", "device", "threads", "limits")
+TOP_KEYS = ("data", "split", "seeds", "models", "cells", "interventions", "diagnostics", "device", "threads", "limits",
+            "analysis")
 REQUIRED = ("data", "split", "seeds", "models")
 SYNTH_KEYS = ("mechanisms", "strength", "strengths", "fields_per_class", "mean_cells_per_field", "crop_size", "field_size",
               "n_classes", "class_signal", "mixed_fields", "mix_dominance", "baseline_noise", "illumination_shading")
@@ -165,6 +169,9 @@ class SweepConfig:
     threads: int = 1
     source: str = ""
     raw: dict = field(default_factory=dict, hash=False, compare=False)
+    #: the `analysis:` mapping as given (checked; None when the config has none): it sets the
+    #: defaults of `results` and `report` and is registered, never part of a task's id
+    analysis: dict | None = field(default=None, hash=False)
 
     @property
     def protocol(self) -> str:
@@ -185,6 +192,8 @@ class SweepConfig:
             "device": self.device,
             "threads": self.threads,
             "source": self.source,
+            # only when given, so that sweep.json of a config without it is as before
+            **({"analysis": dict(self.analysis)} if self.analysis is not None else {}),
         }
 
     def replace(self, **changes) -> "SweepConfig":
@@ -332,9 +341,10 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None, limits: Ma
     ivs = _interventions(ck, raw.get("interventions"), has_masks)
     _check_split_needs(ck, ivs, split_params)
     diags, dparams = _diagnostics(ck, raw.get("diagnostics"))
+    analysis = check_analysis(raw["analysis"], source) if raw.get("analysis") is not None else None
     return SweepConfig(conditions=conditions, protocols=protocols, split_params=split_params, seeds=seeds, models=models,
                        cells=cells, interventions=ivs, diagnostics=diags, diagnostic_params=dparams, device=device,
-                       threads=threads, source=source, raw=raw)
+                       threads=threads, source=source, raw=raw, analysis=analysis)
 
 
 def _limits(ck: _Checker, value: Any, given: Mapping[str, int] | None) -> dict[str, int]:
@@ -916,3 +926,122 @@ def _diagnostics(ck: _Checker, value: Any) -> tuple[tuple[str, ...], dict]:
     for n in dict.fromkeys(only):
         _built(ck, f"diagnostics.params.{n}", lambda _n=n, **kw: probes.get(_n, **kw), params.get(n, {}))
     return tuple(dict.fromkeys(only)), {k: dict(p) for k, p in params.items()}
+
+
+# ------------------------------------------------------------------------------- analysis
+#: the keys of the `analysis:` mapping and their defaults (None: the statistics' own default,
+#: `interval` the estimates' interval method, `families` their Holm families, `hypotheses` the
+#: default rows of each label, `estimands` every registered estimand)
+ANALYSIS_DEFAULTS = {"n_boot": 10_000, "seed": 0, "level": 0.95, "interval": None, "alpha": 0.05, "families": None,
+                     "hypotheses": None, "estimands": None}
+
+
+def _fraction(ck: _Checker, path: str, value: Any) -> float:
+    ck.typed(path, value, (int, float), "a number strictly between 0 and 1")
+    if not 0 < value < 1:
+        raise ck.error(path, f"expected a number strictly between 0 and 1; got {value!r}")
+    return float(value)
+
+
+def _hypotheses(ck: _Checker, value: Any) -> dict[str, dict]:
+    """Which rows carry which hypothesis label: label -> selector {estimates column: value(s)}
+    (`shortcutlab.stats.hypotheses.check_hypotheses`); replaces the default labels."""
+    from shortcutlab.stats import StatsError
+    from shortcutlab.stats.hypotheses import check_hypotheses
+
+    ck.typed("analysis.hypotheses", value, (dict,), "a mapping hypothesis label -> selector {column: value(s)}")
+    try:
+        check_hypotheses(value)
+    except StatsError as e:
+        raise ck.error("analysis." + str(e).split(":", 1)[0], str(e).split(":", 1)[1].strip()) from None
+    return {str(k): {c: (list(v) if isinstance(v, (list, tuple)) else v) for c, v in sel.items()} for k, sel in value.items()}
+
+
+def _families(ck: _Checker, value: Any, own_labels=()) -> dict[str, list[str]]:
+    """Holm families: family name -> the labels of its hypotheses (each label in one family);
+    `own_labels`: those the config's `hypotheses` names beside the paper's."""
+    ck.typed("analysis.families", value, (dict,), "a mapping family name -> list of hypothesis labels")
+    if not value:
+        raise ck.error("analysis.families", "expected at least one family (leave the key out for the default families)")
+    owner: dict[str, str] = {}
+    for name, labels in value.items():
+        p = f"analysis.families.{name}"
+        ck.typed(p, name, (str,), "a family name (a string)")
+        ck.typed(p, labels, (list,), "a non-empty list of hypothesis labels")
+        if not labels:
+            raise ck.error(p, "expected a non-empty list of hypothesis labels; got []")
+        for i, label in enumerate(labels):
+            ck.typed(f"{p}[{i}]", label, (str,), "a hypothesis label (a string such as 'H3')")
+            if label in owner:
+                raise ck.error(f"{p}[{i}]", f"hypothesis {label!r} is already in family {owner[label]!r}; Holm adjusts each "
+                               "hypothesis within one family")
+            owner[label] = name
+    from shortcutlab.stats import StatsError
+    from shortcutlab.stats.hypotheses import check_families
+
+    try:  # each label must be one the statistics know
+        check_families(value, own_labels)
+    except StatsError as e:
+        raise ck.error("analysis.families", str(e).removeprefix("families: ")) from None
+    return {k: list(v) for k, v in value.items()}
+
+
+def _estimand_names(ck: _Checker, value: Any) -> list[str]:
+    from shortcutlab.stats import available_estimands
+
+    allowed = available_estimands()
+    ck.typed("analysis.estimands", value, (list,), f"a non-empty list of estimand names ({', '.join(allowed)})")
+    if not value:
+        raise ck.error("analysis.estimands", f"expected at least one estimand; allowed: {', '.join(allowed)}")
+    for i, name in enumerate(value):
+        ck.typed(f"analysis.estimands[{i}]", name, (str,), "an estimand name")
+        if name not in allowed:
+            raise ck.error(f"analysis.estimands[{i}]", f"unknown estimand {name!r}{_close(name, allowed)} Allowed: {', '.join(allowed)}")
+    if len(set(value)) != len(value):
+        dup = next(n for n in value if value.count(n) > 1)
+        raise ck.error("analysis.estimands", f"estimand {dup!r} is listed twice")
+    return list(value)
+
+
+def check_analysis(value: Any, source: str = "") -> dict:
+    """Check a config's `analysis:` mapping (the settings a study registers for its
+    estimates): `n_boot` (resamples >= 0), `seed` (>= 0), `level` and `alpha` (in (0, 1)),
+    `interval` (the name of the interval method, a string passed through to
+    `shortcutlab.stats.estimates`), `families` (Holm families: name -> hypothesis labels),
+    `hypotheses` (label -> selector of the rows it names, replacing the default labels) and
+    `estimands` (registered names).
+
+    Args:
+        value: the mapping as read from YAML.
+        source: the config file, named in errors.
+
+    Returns:
+        The mapping with every key of `ANALYSIS_DEFAULTS`, the missing ones at their default.
+
+    Raises:
+        SweepConfigError: an unknown key or a bad value, naming the key path and the value.
+    """
+    ck = _Checker(source)
+    a = ck.keys("analysis", value, tuple(ANALYSIS_DEFAULTS))
+    out = dict(ANALYSIS_DEFAULTS)
+    for key in ("n_boot", "seed"):
+        if key in a:
+            v = ck.typed(f"analysis.{key}", a[key], (int,), "an integer >= 0")
+            if v < 0:
+                raise ck.error(f"analysis.{key}", f"expected an integer >= 0; got {v!r}")
+            out[key] = v
+    for key in ("level", "alpha"):
+        if key in a:
+            out[key] = _fraction(ck, f"analysis.{key}", a[key])
+    if a.get("interval") is not None:
+        v = ck.typed("analysis.interval", a["interval"], (str,), "the name of an interval method (a string)")
+        if not v.strip():
+            raise ck.error("analysis.interval", "expected the name of an interval method; got an empty string")
+        out["interval"] = v
+    if a.get("hypotheses") is not None:
+        out["hypotheses"] = _hypotheses(ck, a["hypotheses"])
+    if a.get("families") is not None:
+        out["families"] = _families(ck, a["families"], tuple(out["hypotheses"] or ()))
+    if a.get("estimands") is not None:
+        out["estimands"] = _estimand_names(ck, a["estimands"])
+    return out

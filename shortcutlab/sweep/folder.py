@@ -13,6 +13,8 @@ A sweep folder ``DIR`` (written by `shortcutlab sweep`, read by `shortcutlab res
   ``predictions.parquet`` (score), ``rows.json`` (diagnose);
 - ``predictions.parquet`` / ``.csv`` and ``results.parquet`` / ``.csv``: the tidy tables;
 - ``splits.json``: every split's hash and parameters;
+- ``registration.json``: a copy of the registration the sweep was checked against
+  (`sweep.registration`; only with ``sweep --registration``);
 - ``report/``: the default folder of its report (`shortcutlab.report.build_report`).
 
 Every module that opens or writes a file in a sweep folder takes its path from `SweepLayout`
@@ -42,6 +44,7 @@ CONFIG = "sweep.json"
 LOCK = ".sweep.lock"
 TASKS = "tasks"
 SPLITS = "splits.json"
+REGISTRATION = "registration.json"
 REPORT = "report"
 #: the tidy tables (stems), each written as Parquet and as CSV
 TABLES = ("predictions", "results")
@@ -50,7 +53,7 @@ TABLE_FORMATS = ("parquet", "csv")
 #: what a sweep writes in its folder (``name/``: a folder it owns whole); ``report/`` is the
 #: default folder of its report
 SWEEP_FILES = (CONFIG, LOCK, TASKS + "/", "predictions.parquet", "predictions.csv", "results.parquet",
-               "results.csv", SPLITS, REPORT + "/")
+               "results.csv", SPLITS, REPORT + "/", REGISTRATION)
 
 RESULT = "result.json"
 BENCHMARK = "benchmark"
@@ -167,6 +170,11 @@ class SweepLayout:
     def splits(self) -> str:
         """``splits.json``."""
         return self._path(SPLITS)
+
+    @property
+    def registration(self) -> str:
+        """``registration.json``: the copy of the registration the sweep was checked against."""
+        return self._path(REGISTRATION)
 
     @property
     def report(self) -> str:

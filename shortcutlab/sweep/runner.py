@@ -137,7 +137,7 @@ def trained_on_other_devices(out_dir: str, device: str) -> dict[str, int]:
 
 
 def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None = None, *, progress: bool = True,
-              dry_run: bool = False) -> dict[str, Any]:
+              dry_run: bool = False, registration: dict | None = None) -> dict[str, Any]:
     """Run (or, with `dry_run`, list) the tasks of a sweep and gather its tables.
 
     Args:
@@ -146,6 +146,9 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
         executor: runs the tasks (default `LocalExecutor(workers=1)`).
         progress: one tqdm bar over the tasks, with an ETA.
         dry_run: plan only: return the task list and counts, write nothing.
+        registration: what `registration.check_registration` returned (path, sha256) for a
+            sweep checked against its registration: the file is copied into the folder and
+            its hash recorded in sweep.json; None removes an earlier copy.
 
     Returns:
         A summary: counts per kind (all and done before this run), the tasks (dry run) or the
@@ -178,10 +181,11 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
     executor = executor or LocalExecutor(workers=1)
     with _lock(out_dir):
         _clean_temporaries(out_dir)
+        reg = _record_registration(out_dir, registration)
         write_json(SweepLayout(out_dir).config, {
             "config": cfg.to_dict(), "config_file": cfg.raw, "counts": counts, "models": plan.models, "splits": plan.splits,
             "tasks": [{"id": t.id, "kind": t.kind, "deps": list(t.deps)} for t in tasks],
-            "versions": versions(), "executor": getattr(executor, "name", type(executor).__name__),
+            "versions": versions(), "executor": getattr(executor, "name", type(executor).__name__), **reg,
         })
         todo = plan.graph.subgraph([t.id for t in tasks if t.id not in done])
         bar = tqdm(total=len(tasks), initial=len(done), desc="sweep", unit="task", disable=not progress, smoothing=0.1)
@@ -199,6 +203,22 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
     summary["files"] = paths
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     return summary
+
+
+def _record_registration(out_dir: str, registration: dict | None) -> dict:
+    """Keep a copy of the registration file the sweep was checked against in the folder
+    (`SweepLayout.registration`), or remove an earlier copy when the sweep runs without one
+    (its new tasks were not checked); the entry sweep.json records (path and sha256)."""
+    from shortcutlab.io import write_bytes
+
+    path = SweepLayout(out_dir).registration
+    if registration is None:
+        if os.path.isfile(path):
+            os.remove(path)
+        return {}
+    with open(registration["path"], "rb") as f:
+        write_bytes(path, f.read())
+    return {"registration": {"path": registration["path"], "sha256": registration["sha256"]}}
 
 
 def _frame_types(frame: pd.DataFrame) -> pd.DataFrame:
@@ -326,12 +346,21 @@ def read_predictions(out_dir: str) -> pd.DataFrame:
     return pred
 
 
-def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, interval: str = "cgm") -> pd.DataFrame:
+def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, *, analysis: dict | None = None,
+                    interval: str = "cgm") -> pd.DataFrame:
     """The estimates of a sweep folder (`shortcutlab.stats.estimates` on its predictions and
     results tables): leak effects, leak cuts and clean costs per intervention, the protocol
     effect and the dose-response slope, each with its two-way cluster-bootstrap interval,
     p-value and Holm-adjusted p within its family; `interval` the interval method ("cgm" or
     "pigeonhole", `shortcutlab.stats.estimates`).
+
+    Args:
+        analysis: analysis settings (`registration.sweep_analysis`: the config's `analysis:`
+            with the command line's overrides); when given, `n_boot` and `seed` are taken from
+            it, and its estimands, families and interval method are passed where `estimates`
+            takes them (`registration.estimates_options`; estimands it does not take are kept
+            by filtering the rows).
+        interval: the interval method without `analysis` ("cgm" or "pigeonhole").
 
     Raises:
         SweepError: the folder is missing or holds no readable predictions.parquet.
@@ -340,7 +369,15 @@ def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, interval:
 
     pred = read_predictions(out_dir)
     results = _read_parquet(out_dir, "results", required=False)
-    return estimates(pred, results, n_boot=n_boot, seed=seed, interval=interval)
+    if analysis is None:
+        return estimates(pred, results, n_boot=n_boot, seed=seed, interval=interval)
+    from shortcutlab.sweep.registration import estimates_options
+
+    kw, _ = estimates_options(analysis)
+    table = estimates(pred, results, **kw)
+    if analysis.get("estimands") is not None and "estimands" not in kw:
+        table = table[table["estimand"].isin(analysis["estimands"])].reset_index(drop=True)
+    return table
 
 
 def results_table(out_dir: str) -> pd.DataFrame:
