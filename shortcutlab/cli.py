@@ -870,7 +870,8 @@ def cmd_results(args) -> int:
         print(f"estimates (percentage points; {settings['level'] * 100:g}% two-way cluster bootstrap over seeds and test parents, "
               f"{settings['n_boot']} resamples, seed {settings['seed']}"
               + (", settings from the config's analysis section" if settings["from_config"] else "")
-              + f", {INTERVAL_TEXT.get(settings.get('interval'), settings.get('interval'))}; p_holm: Holm within the family)")
+              + f", {INTERVAL_TEXT.get(settings.get('interval') or 'cgm', settings.get('interval'))}; "
+              "p_holm: Holm within the family)")
         print(_estimates_text(table))
         if args.sensitivity:
             print()
