@@ -869,7 +869,9 @@ def cmd_results(args) -> int:
         print()
         print(f"estimates (percentage points; {settings['level'] * 100:g}% two-way cluster bootstrap over seeds and test parents, "
               f"{settings['n_boot']} resamples, seed {settings['seed']}"
-              + (", settings from the config's analysis section" if settings["from_config"] else "") + "; p_holm: Holm within the family)")
+              + (", settings from the config's analysis section" if settings["from_config"] else "")
+              + f", {INTERVAL_TEXT.get(settings.get('interval') or 'cgm', settings.get('interval'))}; "
+              "p_holm: Holm within the family)")
         print(_estimates_text(table))
         if args.sensitivity:
             print()
@@ -956,7 +958,8 @@ def cmd_report(args) -> int:
     if not settings.get("from_config"):  # the report's own defaults (fewer resamples than `results`)
         settings = None
     paths = build_report(args.dir, args.out, n_boot=2000 if args.n_boot is None else args.n_boot, seed=args.seed or 0,
-                         examples=not args.no_examples, device=args.device, analysis=settings)
+                         examples=not args.no_examples, device=args.device, analysis=settings,
+                         interval=args.interval or "cgm")
     print(paths["html"])
     return 0
 
@@ -1162,11 +1165,25 @@ def _add_results_command(sub) -> None:
     r.add_argument("dir", metavar="DIR")
     r.add_argument("--n-boot", type=int, help="bootstrap resamples (default: the config's analysis.n_boot, else 10000)")
     r.add_argument("--seed", type=int, help="seed of the bootstrap draws (default: the config's analysis.seed, else 0)")
+    _add_interval_option(r)
     r.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                    help="leave out the sensitivity analyses (sign-flip, per-seed t, binomial mixed model)")
     r.add_argument("--no-mixed-model", dest="mixed_model", action="store_false",
                    help="leave out the binomial mixed model of the sensitivity analyses (the slowest)")
     r.set_defaults(func=cmd_results)
+
+
+#: How `results` names each interval method (`shortcutlab.stats.bootstrap.INTERVAL_METHODS`).
+INTERVAL_TEXT = {"cgm": "Cameron-Gelbach-Miller two-way intervals",
+                 "pigeonhole": "pigeonhole percentile intervals, conservative"}
+
+
+def _add_interval_option(r) -> None:
+    """--interval: the interval method of the estimates."""
+    r.add_argument("--interval", choices=sorted(INTERVAL_TEXT), default=None,
+                   help="interval method: cgm (Cameron-Gelbach-Miller two-way clustering, calibrated) or pigeonhole "
+                        "(seeds and parents resampled independently, percentile; conservative); default: the "
+                        "config's analysis.interval, else cgm")
 
 
 def _add_report_command(sub) -> None:
@@ -1177,6 +1194,7 @@ def _add_report_command(sub) -> None:
     r.add_argument("--n-boot", type=int, help="bootstrap resamples of the estimates (default: the config's analysis.n_boot, "
                                              "else 2000)")
     r.add_argument("--seed", type=int, help="seed of the resampling (default: the config's analysis.seed, else 0)")
+    _add_interval_option(r)
     r.add_argument("--no-examples", action="store_true", help="leave out the example crops (no model is loaded)")
     r.add_argument("--device", default="cpu", help="where the example crops' models run")
     r.set_defaults(func=cmd_report)

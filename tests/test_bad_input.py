@@ -3438,3 +3438,36 @@ I23P_CASES = [
 @pytest.mark.parametrize("case", I23P_CASES, ids=[c.id for c in I23P_CASES])
 def test_i23p_probes_bad_input(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+
+
+# --- I23-INTERVALS (issue 23, item 1: the interval method of the estimates) -----------------------
+
+
+def _i23iv_call(fn_name: str, **kw):
+    def call(tmp_path):
+        import shortcutlab.stats as st
+
+        getattr(st, fn_name)(_predictions(), n_boot=10, interval="wild", **kw)
+
+    return call
+
+
+I23IV_CASES = [
+    Case(f"i23iv-{name}-unknown-interval", _i23iv_call(name), StatsError,
+         ("interval method", "'wild'", "expected one of", "cgm", "pigeonhole"))
+    for name in ("leak_effect", "intervention_effect", "protocol_effect", "estimates")
+]
+
+
+@pytest.mark.parametrize("case", I23IV_CASES, ids=[c.id for c in I23IV_CASES])
+def test_i23iv_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i23iv_cli_results_refuses_an_unknown_interval(tmp_path, capsys) -> None:
+    from shortcutlab.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["results", str(tmp_path), "--interval", "wild"])
+    assert info.value.code == 2
+    assert "invalid choice: 'wild'" in capsys.readouterr().err

@@ -207,8 +207,9 @@ def test_report_readings_match_the_predictions(simulated_report):
     leak = acc["leak"] - acc["clean"]                       # every crop is scored by both models of its seed
     section = _section(html, "leak_effect")
     assert f"color, high diversity, a: the leak is {pp(leak)} (95% CI" in section
-    # reinhard copies the clean answers onto the leak models: the whole leak is cut, in every resample
-    assert "Reinhard transfer to an unseen field removes 100% of it (CI 100% to 100%)" in section
+    # reinhard copies the clean answers onto the leak models: the whole leak is cut, in every
+    # resample, so the share removed is 1 in every one: no interval, never "CI 100% to 100%" (issue 23)
+    assert "Reinhard transfer to an unseen field removes 100% of it (no interval)" in section
     assert "<br>none, high diversity, a: the leak is" in section  # one line per condition
     # background removal: the predictions are the unaltered ones, so no accuracy changes
     assert "background removal changes no accuracy here (it leaves these crops as they were)" in section
@@ -380,7 +381,7 @@ def test_labels_and_conditions_are_escaped_in_html_and_markdown(tmp_path):
     from html.parser import HTMLParser
 
     evil, pipe, tex = "<script>alert(1)</script>", "*x*|y", r"*x*|y $\frac$"
-    base = simulate_factorial(n_seeds=2, n_parents=10, crops_per_parent=2, effect=1.0, condition=evil, seed=4)
+    base = simulate_factorial(n_seeds=3, n_parents=10, crops_per_parent=2, effect=1.0, condition=evil, seed=4)
     pred = pd.concat([base, base.assign(intervention=pipe)], ignore_index=True)
     pred["arch"], pred["label"] = tex, evil
     paths = build_report(_fake_sweep(tmp_path, pred), n_boot=50, examples=False)

@@ -87,12 +87,16 @@ def test_intervention_point_estimates_match_a_groupby():
 
 def test_intervention_cut_is_paired_tighter_than_independent():
     """The cut uses the same draws for both leak effects: with the interventions a no-op (same
-    crops, same correctness) the cut is exactly 0 in every resample."""
+    crops, same correctness) the cut is exactly 0 in every resample, under either interval
+    method; resamples that do not vary give no interval (NaN and the reason), never [0, 0]."""
     pred = grid(interventions=("none",), seed=5)
     pred = pd.concat([pred, pred.assign(intervention="noop")], ignore_index=True)
-    got = intervention_effect(pred, n_boot=300)
-    cut = got[got["estimand"] == "leak_cut"]
-    assert (cut["estimate"].abs() < 1e-15).all() and (cut["se"] < 1e-15).all()
+    for interval in ("cgm", "pigeonhole"):
+        with pytest.warns(StatsWarning, match="do not vary"):
+            got = intervention_effect(pred, n_boot=300, interval=interval)
+        cut = got[got["estimand"] == "leak_cut"]
+        assert (cut["estimate"].abs() < 1e-15).all() and cut["se"].isna().all() and cut["ci_low"].isna().all()
+        assert cut["reason"].str.contains("do not vary").all()
 
 
 def protocols(n_seeds=4, archs=("r18", "vit"), seed=0):
@@ -124,14 +128,14 @@ def test_protocol_point_estimates_match_a_groupby():
 # --- the bootstrap's variance against a closed form and a brute-force loop -------------------------
 
 def test_bootstrap_variance_matches_the_closed_form():
-    """Balanced design (n crops in every seed x parent cell): the resampled effect is
+    """The pigeonhole method (its CGM counterpart: tests/test_stats_calibration.py). Balanced design (n crops in every seed x parent cell): the resampled effect is
     sum_sp w_s v_p X_sp with X = (S_leak - S_clean) / (R C n), w ~ Mult(R, 1/R) and
     v ~ Mult(C, 1/C) independent, so E[w w'] = I + (1 - 1/R) J (and likewise for v) and
     Var = trace(X' A X B) - (sum X)^2 exactly."""
     R, C, n = 6, 9, 4
     pred = grid(n_seeds=R, n_parents=C, crops=n, archs=("r18",), diversities=("high",), interventions=("none",),
                 seed=11, p_leak=0.6, p_clean=0.5)
-    got = leak_effect(pred, n_boot=40_000, seed=2).iloc[0]
+    got = leak_effect(pred, n_boot=40_000, seed=2, interval="pigeonhole").iloc[0]
     sums = pred.groupby(["exposure", "seed", "parent"])["correct"].sum()
     X = (sums["leak"] - sums["clean"]).unstack().to_numpy() / (R * C * n)
     A = np.eye(R) + (1 - 1 / R) * np.ones((R, R))
@@ -156,9 +160,10 @@ def brute_force_boot(pred: pd.DataFrame, n_boot: int, seed: int) -> np.ndarray:
 
 
 def test_bootstrap_se_matches_a_brute_force_loop_on_an_unbalanced_design():
+    """The pigeonhole method against the same draws made as a plain loop."""
     pred = simulate_factorial(n_seeds=6, n_parents=30, crops_per_parent=2, test_fraction=0.6, seed=4)
     pred["correct"] = pred["correct"].astype(bool)
-    ours = leak_effect(pred, n_boot=20_000, seed=1).iloc[0]
+    ours = leak_effect(pred, n_boot=20_000, seed=1, interval="pigeonhole").iloc[0]
     ref = brute_force_boot(pred.astype({"parent": str, "exposure": str}), 600, seed=9)
     # sd of an SE from 600 resamples is about 1/sqrt(2 * 600) = 3%
     assert ours["se"] == pytest.approx(ref.std(ddof=1), rel=0.12)

@@ -146,7 +146,10 @@ def test_a_planted_interaction_is_found_and_none_is_not(seed):
     null = factorial(gain={"high": 0.5, "low": 0.5}, rng=rng, **design)
     true = _true_leak(0.0) - _true_leak(1.0)                               # about -14 pp
     got = quiet_estimates(planted, n_boot=500, seed=seed).set_index("estimand").loc["leak_x_diversity"]
-    none = quiet_estimates(null, n_boot=500, seed=seed).set_index("estimand").loc["leak_x_diversity"]
+    # the null sets with the conservative pigeonhole intervals: a calibrated 5% test (cgm, the
+    # default) rejects one of six null sets 26% of the time (seed 3 did, ci_low +0.00006); its
+    # null rejection rate is measured in tests/test_stats_calibration.py
+    none = quiet_estimates(null, n_boot=500, seed=seed, interval="pigeonhole").set_index("estimand").loc["leak_x_diversity"]
     assert got["p_value"] < 0.05 and got["ci_high"] < 0
     assert abs(got["estimate"] - true) < 0.08                           # about 2.5 SE (seen: 0.044 at most)
     assert abs(none["estimate"]) < 0.08 and none["ci_low"] < 0 < none["ci_high"]
@@ -326,4 +329,5 @@ def test_a_slope_from_two_seeds_is_no_test_in_the_follow_up_family():
     f8 = table[table["hypothesis"] == "F8"].iloc[0]
     assert np.isnan(f8["ci_low"]) and np.isnan(f8["p_value"]) and np.isnan(f8["p_holm"]) and not f8["reject"]
     f2 = table[table["hypothesis"] == "F2"].iloc[0]
-    assert f2["p_holm"] == pytest.approx(f2["p_value"])          # alone among the finite p-values
+    # issue 23: two seeds give no interval and no test for any estimand (fewer than 3 seeds)
+    assert np.isnan(f2["p_value"]) and np.isnan(f2["p_holm"]) and "2 seed(s), fewer than 3" in f2["reason"]

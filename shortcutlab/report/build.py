@@ -179,7 +179,8 @@ def _check_out(out: str) -> None:
 
 
 def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = None, *, n_boot: int = 2000, seed: int = 0,
-                 level: float = 0.95, examples: bool = True, device: str = "cpu", analysis: dict | None = None) -> dict:
+                 level: float = 0.95, examples: bool = True, device: str = "cpu", analysis: dict | None = None,
+                 interval: str = "cgm") -> dict:
     """Write the report of a sweep folder: ``report.html`` (self-contained), ``report.md`` with
     ``figures/*.png``, and the tables it reads from (``estimates.csv``, ``validity.csv``).
 
@@ -190,11 +191,13 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         sweep_dir: the sweep folder.
         out: the report folder (new, or an earlier report's).
         n_boot, seed, level: the bootstrap of the estimates (`shortcutlab.stats.estimates`).
+        interval: their interval method ("cgm", default, or "pigeonhole"; `estimates`).
         examples: draw the example crops (loads two models; CPU, a few crops).
         device: where the example models run.
         analysis: analysis settings (`sweep.registration.sweep_analysis`); when given, they
             replace `n_boot`, `seed` and `level`, and their estimands, families and interval
             method reach `estimates` where it takes them (`sweep.registration.estimates_options`).
+        interval: the interval method without `analysis` ("cgm", default, or "pigeonhole").
 
     Returns:
         dict of paths: dir, html, markdown, figures (list), estimates, validity.
@@ -212,24 +215,26 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         warnings.simplefilter("always")
         if analysis is not None:
             n_boot, seed, level = analysis["n_boot"], analysis["seed"], analysis["level"]
-        est = _estimates(pred, analysis, n_boot, seed, level)
+        interval = analysis.get("interval") or interval if analysis is not None else interval
+        est = _estimates(pred, analysis, n_boot, seed, level, interval)
         sections, vtable = _sections(folder, est, n_boot, seed, level, examples, device)
     caught = _caught(w)
-    intro = _intro(folder, n_boot, seed, level) + [_registration_line(folder.path, analysis)]
+    intro = _intro(folder, n_boot, seed, level, interval) + [_registration_line(folder.path, analysis)]
     html_text = to_html(TITLE, intro, sections, caught)
     md_text = to_markdown(TITLE, intro, sections, caught)
     return _write(out, sections, est, vtable, html_text, md_text)
 
 
 # --- registration and the config's analysis settings (issue 23, item 5) -------------------
-def _estimates(pred: pd.DataFrame, analysis: dict | None, n_boot: int, seed: int, level: float) -> pd.DataFrame:
+def _estimates(pred: pd.DataFrame, analysis: dict | None, n_boot: int, seed: int, level: float,
+               interval: str = "cgm") -> pd.DataFrame:
     """The estimates, with the analysis settings' keywords where given (only the registered
     estimands kept where `estimates` cannot select them)."""
     from shortcutlab.stats import estimates
     from shortcutlab.sweep.registration import estimates_options
 
     if analysis is None:
-        return estimates(pred, None, n_boot=n_boot, level=level, seed=seed)
+        return estimates(pred, None, n_boot=n_boot, level=level, seed=seed, interval=interval)
     kw, _ = estimates_options(analysis)
     est = estimates(pred, None, **kw)
     if analysis.get("estimands") is not None and "estimands" not in kw:
@@ -329,7 +334,12 @@ def _caught(records) -> list[str]:
     return caught
 
 
-def _intro(folder: SweepFolder, n_boot: int, seed: int, level: float) -> list[str]:
+#: How the introduction names each interval method of the estimates.
+INTERVAL_INTRO = {"cgm": "two-way (Cameron-Gelbach-Miller) cluster-bootstrap intervals",
+                  "pigeonhole": "percentile pigeonhole bootstrap (conservative)"}
+
+
+def _intro(folder: SweepFolder, n_boot: int, seed: int, level: float, interval: str = "cgm") -> list[str]:
     """The report's opening paragraphs: what the sweep holds, how intervals are made."""
     pred, results = folder.predictions, folder.results
     n_models = pred["model"].nunique()
@@ -339,7 +349,8 @@ def _intro(folder: SweepFolder, n_boot: int, seed: int, level: float) -> list[st
         f"({', '.join(sorted(map(str, pred['condition'].unique())))}), {pred['seed'].nunique()} seed(s), "
         f"{pred['intervention'].nunique() - 1 if 'none' in set(pred['intervention']) else pred['intervention'].nunique()} "
         f"intervention setting(s); {'a results table with ' + str(len(results)) + ' rows' if results is not None else 'no results table'}.",
-        f"Intervals: {level * 100:.0f}% percentile bootstrap over seeds and test parents ({n_boot} resamples, seed {seed}); "
+        f"Intervals: {level * 100:.0f}% {INTERVAL_INTRO.get(interval, interval)} over seeds and test parents "
+        f"({n_boot} resamples, seed {seed}); none from fewer than 3 seeds or test parents; "
         f"effects in percentage points (pp)." + (f" Versions: {', '.join(f'{k} {x}' for k, x in sorted(v.items()))}." if v else ""),
     ]
 

@@ -14,7 +14,10 @@ The rules, stated once and used everywhere:
   (cut / leak):
 
   0. ``no change`` when the cut, both ends of its interval and the clean-model cost are all
-     exactly zero: the intervention changed no accuracy in any resample, which happens when it
+     exactly zero, or the cut and cost are exactly zero and the cut has no interval while the
+     leak has one (the statistics give none where the resamples do not vary; with one seed
+     neither has one, which stays "unclear"): the intervention changed no accuracy in any
+     resample, which happens when it
      leaves the crops as they were (background removal on models whose backgrounds are
      already masked); nothing can be read from it about the leak;
   1. ``uninformative`` when its accuracy cost on clean models exceeds the leak (the cost
@@ -142,7 +145,8 @@ def removal_verdict(cut: float, cut_low: float, cut_high: float, share: float, l
         One of 'no change', 'uninformative', 'no leak', 'unclear', 'removed', 'partly removed',
         'increased', 'not removed'.
     """
-    if cut == 0 and cut_low == 0 and cut_high == 0 and clean_cost == 0:
+    no_spread = (cut_low == 0 and cut_high == 0) or (_nan(cut_low) and _nan(cut_high) and not _nan(leak_low))
+    if cut == 0 and no_spread and clean_cost == 0:
         return "no change"
     if not _nan(clean_cost) and not _nan(leak) and clean_cost > leak:
         return "uninformative"

@@ -10,7 +10,7 @@ import pandas as pd
 
 from shortcutlab.errors import first_rows
 
-from .bootstrap import estimate_row, finish_rows, multinomial_weights
+from .bootstrap import MIN_CLUSTERS, estimate_row, finish_rows, multinomial_weights
 from .errors import StatsError
 from .factorial import factorial_rows
 from .predictions import check_predictions, need_columns
@@ -18,7 +18,7 @@ from .predictions import check_predictions, need_columns
 __all__ = ["DOSE_COLUMNS", "dose_points", "dose_response"]
 
 DOSE_COLUMNS = ["estimand", "estimate", "intercept", "ci_low", "ci_high", "se", "p_value", "n_points", "n_clusters",
-                "n_boot", "reason"]
+                "n_boot", "reason", "interval_method"]
 
 
 def dose_response(frame: pd.DataFrame, *, x: str = "R", y: str = "gap", cluster: str | Sequence[str] = "seed",
@@ -28,8 +28,11 @@ def dose_response(frame: pd.DataFrame, *, x: str = "R", y: str = "gap", cluster:
     The slope is cov(x, y) / var(x) over the points (one row each). Resamples draw the clusters
     (e.g. seeds: the points of one seed share its data and split) with replacement and refit;
     with per-cluster sums of 1, x, y, xy and x^2 every refit is a matrix product. Percentile
-    interval and bootstrap p-value as in `bootstrap_summary`; resamples with no spread in x
-    are left out (counted in n_boot).
+    interval and bootstrap p-value as in `bootstrap_summary` (a one-way cluster bootstrap counts
+    each cluster's variance once; `interval_method` 'percentile'); resamples with no spread in x
+    are left out (counted in n_boot). Fewer than `MIN_CLUSTERS` (3) clusters give no interval:
+    with 2 seeds the bootstrap has three distinct resamples and printed "+1.3 [+1.3, +1.3]";
+    resamples that do not vary give none either.
 
     Args:
         frame: one row per point, with columns x, y, the cluster column(s) and `by`.
@@ -40,7 +43,7 @@ def dose_response(frame: pd.DataFrame, *, x: str = "R", y: str = "gap", cluster:
 
     Returns:
         One row per group: `by` columns, estimand ('slope'), estimate, intercept, ci_low, ci_high,
-        se, p_value, n_points, n_clusters, n_boot, reason.
+        se, p_value, n_points, n_clusters, n_boot, reason, interval_method.
     """
     clusters = [cluster] if isinstance(cluster, str) else list(cluster)
     by = list(by)
@@ -68,14 +71,14 @@ def dose_response(frame: pd.DataFrame, *, x: str = "R", y: str = "gap", cluster:
         reason = ""
         if not np.isfinite(est):
             reason = f"{x!r} does not vary: no slope"
-        elif G < 2:
-            reason = f"{G} cluster(s) of {clusters}: no interval"
+        elif G < MIN_CLUSTERS:
+            reason = f"{G} cluster(s) of {', '.join(clusters)}, fewer than {MIN_CLUSTERS}: no interval"
         if reason or n_boot <= 0:
-            r = estimate_row(est, None, level, reason, estimand="slope", **head)
+            r = estimate_row(est, None, level, reason, "percentile", estimand="slope", **head)
         else:
             W = multinomial_weights(np.random.default_rng(seed), G, n_boot)
             rep, _ = _slope(W @ parts)
-            r = estimate_row(est, rep, level, "", estimand="slope", **head)
+            r = estimate_row(est, rep, level, "", "percentile", estimand="slope", **head)
         r.update(intercept=icpt, n_points=len(sub), n_clusters=G)
         rows.append(r)
     return finish_rows(rows, by + DOSE_COLUMNS)

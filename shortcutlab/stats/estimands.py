@@ -43,6 +43,7 @@ import pandas as pd
 
 from shortcutlab.plugins import Registry
 
+from .bootstrap import DEFAULT_INTERVAL, check_interval
 from .dose import dose_points, dose_response
 from .effects import diversity_rows, h3_rows, intervention_table, protocol_effect, recipe_rows
 from .errors import StatsError, StatsWarning
@@ -58,7 +59,7 @@ __all__ = ["ENTRY_POINT_GROUP", "ESTIMATE_COLUMNS", "Estimand", "EstimandContext
 #: Columns of `estimates`' table, in order.
 ESTIMATE_COLUMNS = ["hypothesis", "estimand", "family", "condition", "arch", "diversity", "intervention", "recipe", "estimate",
                     "ci_low", "ci_high", "se", "p_value", "p_holm", "reject", "n_seeds", "n_parents", "n_crops",
-                    "n_boot", "reason"]
+                    "n_boot", "reason", "interval_method"]
 
 ENTRY_POINT_GROUP = "shortcutlab.estimands"
 
@@ -168,6 +169,7 @@ class EstimandContext:
         baseline: the intervention name of the unaltered crops.
         p1, p2: the protocols compared by the protocol effect.
         n_boot, level, seed: the bootstrap (resamples, interval coverage, seed).
+        interval: the interval method ("cgm" or "pigeonhole", `shortcutlab.stats.bootstrap`).
         baseline_recipe: the recipe whose factorial the retrained ones are compared with
             (`recipe_rows`; None: the first recipe in sorted order).
     """
@@ -180,6 +182,7 @@ class EstimandContext:
     n_boot: int = 10_000
     level: float = 0.95
     seed: int = 0
+    interval: str = DEFAULT_INTERVAL
     baseline_recipe: str | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -207,7 +210,7 @@ class EstimandContext:
         reads them (`prepare_factorial`'s pair)."""
         def draw():
             fac_pred = self.pred[self.pred["condition"].isin(self.factorial_conditions)]
-            return fac_pred, factorial_bootstrap(fac_pred, self.n_boot, self.seed)
+            return fac_pred, factorial_bootstrap(fac_pred, self.n_boot, self.seed, self.interval)
 
         if ("factorial",) not in self._cache:
             self._cache[("factorial",)] = draw()
@@ -267,7 +270,7 @@ def leak_estimand(ctx: EstimandContext) -> pd.DataFrame:
                                   intervention=ctx.baseline, estimate=np.nan, n_boot=0,
                                   reason="no factorial: no prediction with exposure 'leak' or 'clean'")
                              for c in sorted(ctx.pred["condition"].unique())])
-    leak = leak_table(ctx.factorial(), level=ctx.level)
+    leak = leak_table(ctx.factorial(), level=ctx.level, interval=ctx.interval)
     primary = leak["intervention"] == ctx.baseline
     n_arch = leak.groupby("condition")["arch"].transform(lambda a: (a != "pooled").sum())
     head = primary & ((leak["arch"] == "pooled") | (n_arch == 1))
@@ -284,7 +287,7 @@ def _h3(ctx: EstimandContext) -> pd.DataFrame | None:
         return None
 
     def compute():
-        rows = h3_rows(ctx.factorial(), baseline=ctx.baseline, level=ctx.level)
+        rows = h3_rows(ctx.factorial(), baseline=ctx.baseline, level=ctx.level, interval=ctx.interval)
         fam = {"leak_pooled": "leak_pooled", "leak_x_diversity": "leak_x_diversity"}
         rows["family"] = [fam.get(e, f"{e}:{c}") for e, c in zip(rows["estimand"], rows["condition"])]
         return rows
@@ -320,7 +323,8 @@ def _recipes(ctx: EstimandContext) -> pd.DataFrame | None:
         return None
 
     def compute():
-        rows = recipe_rows(ctx.pred, baseline=ctx.baseline, baseline_recipe=ctx.baseline_recipe, **ctx.boot)
+        rows = recipe_rows(ctx.pred, baseline=ctx.baseline, baseline_recipe=ctx.baseline_recipe, **ctx.boot,
+                           interval=ctx.interval)
         rows["family"] = rows["estimand"] + ":" + rows["condition"]
         return rows
 
@@ -340,7 +344,7 @@ def diversity_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
     from the factorial's draws, paired with the leak), family ``diversity:<condition>``."""
     if not ctx.factorial_conditions:
         return None
-    return diversity_rows(ctx.factorial(), baseline=ctx.baseline, level=ctx.level)
+    return diversity_rows(ctx.factorial(), baseline=ctx.baseline, level=ctx.level, interval=ctx.interval)
 
 
 def _interventions(ctx: EstimandContext) -> pd.DataFrame | None:
@@ -351,7 +355,7 @@ def _interventions(ctx: EstimandContext) -> pd.DataFrame | None:
         return None
 
     def compute():
-        inter = intervention_table(ctx.factorial(), baseline=ctx.baseline, level=ctx.level)
+        inter = intervention_table(ctx.factorial(), baseline=ctx.baseline, level=ctx.level, interval=ctx.interval)
         inter["family"] = np.where(inter["estimand"] == "share_removed", "", inter["estimand"] + ":" + inter["condition"])
         return inter
 
@@ -382,7 +386,7 @@ def protocol_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
     architecture), ``protocol:<condition>`` per architecture."""
     if not ctx.pred["protocol"].isin([ctx.p1, ctx.p2]).any():
         return None
-    prot = protocol_effect(ctx.pred, p1=ctx.p1, p2=ctx.p2, intervention=ctx.baseline, **ctx.boot)
+    prot = protocol_effect(ctx.pred, p1=ctx.p1, p2=ctx.p2, intervention=ctx.baseline, **ctx.boot, interval=ctx.interval)
     prot["family"] = np.where(prot["arch"] == "pooled", "protocol", "protocol:" + prot["condition"])
     single = prot.groupby("condition")["arch"].transform("size") == 1
     prot.loc[single, "family"] = "protocol"
@@ -406,7 +410,9 @@ def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
                                   intervention=ctx.baseline, estimate=np.nan, n_boot=0,
                                   reason="no parent-probe R row for a factorial leak model")])
     dose = dose_response(pts, x="R", y="gap", cluster="seed", by=["condition"], **ctx.boot)
-    few = dose["estimate"].notna() & (dose["n_clusters"] < MIN_SLOPE_SEEDS) & (dose["n_boot"] > 0)
+    # (dose_response already gives no interval below MIN_CLUSTERS = 3 clusters; the estimand's
+    # own reason and warning name the slope)
+    few = dose["estimate"].notna() & (dose["n_clusters"] < MIN_SLOPE_SEEDS)
     if few.any():   # resampling 2 seeds gives a slope that barely varies: no interval, and no test in Holm
         why = [f"{int(n)} seed(s): a slope's interval needs {MIN_SLOPE_SEEDS} or more"
                for n in dose.loc[few, "n_clusters"]]
@@ -425,7 +431,7 @@ def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
 def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *, baseline: str = "none",
               p1: str = "crop", p2: str = "parent", n_boot: int = 10_000, level: float = 0.95, seed: int = 0,
               alpha: float = 0.05, hypotheses: Mapping | None = None, families: Mapping | None = None,
-              baseline_recipe: str | None = None) -> pd.DataFrame:
+              baseline_recipe: str | None = None, interval: str = DEFAULT_INTERVAL) -> pd.DataFrame:
     """Every registered estimand of a sweep in one tidy table, Holm-adjusted within families.
 
     Built-in estimands (rows; all fractions) and their Holm families:
@@ -475,6 +481,8 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
             None: `PAPER_FAMILIES`. Unknown labels are an error naming them.
         baseline_recipe: the recipe the retrained factorials are compared with (None: the
             first in sorted order).
+        interval: "cgm" (Cameron-Gelbach-Miller, calibrated) or "pigeonhole" (conservative; see
+            `shortcutlab.stats.bootstrap`), recorded in ``interval_method``; <3 seeds: no interval.
 
     A condition with no factorial cells gets no leak rows (e.g. a protocol-only benchmark, as
     CRIC in the paper); one with neither factorial cells nor both protocols, and a sweep with no
@@ -490,7 +498,7 @@ def estimates(predictions: pd.DataFrame, results: pd.DataFrame | None = None, *,
     if "recipe" in predictions.columns:
         pred["recipe"] = [recipe_without_arch(r) for r in predictions["recipe"].astype(str).to_numpy()]
     ctx = EstimandContext(pred, results, baseline=baseline, p1=p1, p2=p2, n_boot=n_boot, level=level, seed=seed,
-                          baseline_recipe=baseline_recipe)
+                          baseline_recipe=baseline_recipe, interval=check_interval(interval))
     parts = [_unused_conditions(ctx)]
     parts += _registered_parts(ctx)
 
@@ -558,6 +566,7 @@ def _table(parts: list[pd.DataFrame], alpha: float, label: Callable | None = Non
         if col not in table.columns:
             table[col] = np.nan
     table["family"] = table["family"].fillna("")
+    table["interval_method"] = table["interval_method"].fillna("")
     table["recipe"] = table["recipe"].astype(object).fillna("")
     if label is not None:
         table = label(table)

@@ -346,11 +346,13 @@ def read_predictions(out_dir: str) -> pd.DataFrame:
     return pred
 
 
-def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, *, analysis: dict | None = None) -> pd.DataFrame:
+def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, *, analysis: dict | None = None,
+                    interval: str = "cgm") -> pd.DataFrame:
     """The estimates of a sweep folder (`shortcutlab.stats.estimates` on its predictions and
     results tables): leak effects, leak cuts and clean costs per intervention, the protocol
     effect and the dose-response slope, each with its two-way cluster-bootstrap interval,
-    p-value and Holm-adjusted p within its family.
+    p-value and Holm-adjusted p within its family; `interval` the interval method ("cgm" or
+    "pigeonhole", `shortcutlab.stats.estimates`).
 
     Args:
         analysis: analysis settings (`registration.sweep_analysis`: the config's `analysis:`
@@ -358,6 +360,7 @@ def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, *, analys
             it, and its estimands, families and interval method are passed where `estimates`
             takes them (`registration.estimates_options`; estimands it does not take are kept
             by filtering the rows).
+        interval: the interval method without `analysis` ("cgm" or "pigeonhole").
 
     Raises:
         SweepError: the folder is missing or holds no readable predictions.parquet.
@@ -367,7 +370,7 @@ def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, *, analys
     pred = read_predictions(out_dir)
     results = _read_parquet(out_dir, "results", required=False)
     if analysis is None:
-        return estimates(pred, results, n_boot=n_boot, seed=seed)
+        return estimates(pred, results, n_boot=n_boot, seed=seed, interval=interval)
     from shortcutlab.sweep.registration import estimates_options
 
     kw, _ = estimates_options(analysis)
