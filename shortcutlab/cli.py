@@ -844,7 +844,7 @@ def cmd_results(args) -> int:
     from shortcutlab.stats import StatsWarning
     from shortcutlab.sweep.runner import estimates_table, results_table
 
-    from shortcutlab.sweep.registration import estimates_options, registration_statement, sweep_analysis
+    from shortcutlab.sweep.registration import registration_statement, sweep_analysis
 
     if args.n_boot is not None and args.n_boot < 0:
         raise ShortcutlabError(f"--n-boot takes a number of resamples >= 0; got {args.n_boot}")
@@ -877,8 +877,6 @@ def cmd_results(args) -> int:
             print()
             print(_sensitivity_text(summary, args.mixed_model))
     print(registration_statement(args.dir))
-    for note in estimates_options(settings)[1]:
-        print(f"note: {note}")
     for w in caught:
         print(f"note: {' '.join(str(w.message).split())}")
     return 0

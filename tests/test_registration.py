@@ -280,27 +280,19 @@ def test_source_tree_hash_is_the_documented_hash_of_the_py_files(tmp_path):
     assert source_tree_hash({"pkg": str(pkg)})["sha256"] != expected
 
 
-def test_estimates_options_pass_families_and_the_method_only_where_estimates_take_them(monkeypatch):
-    import shortcutlab.stats as stats
-    from shortcutlab.sweep.registration import estimates_options
+def test_the_config_interval_method_and_estimands_reach_the_estimates():
+    """analysis.interval picks the method of every row (its `interval_method`), and only the
+    registered estimands' rows are kept."""
+    from shortcutlab.stats import simulate_factorial
+    from shortcutlab.stats.estimands import estimates
+    from shortcutlab.sweep.registration import estimates_options, keep_estimands
 
-    settings = {"n_boot": 7, "seed": 1, "level": 0.9, "alpha": 0.1, "interval": "cgm", "families": {"F": ["H1"]},
-                "estimands": ["leak"]}
-
-    def before(predictions, results=None, *, n_boot=10_000, level=0.95, seed=0, alpha=0.05):
-        return None
-
-    def after(predictions, results=None, *, n_boot=10_000, level=0.95, seed=0, alpha=0.05, method="cgm", families=None):
-        return None
-
-    monkeypatch.setattr(stats, "estimates", before)
-    kw, notes = estimates_options(settings)
-    assert kw == {"n_boot": 7, "seed": 1, "level": 0.9, "alpha": 0.1}
-    assert len(notes) == 2 and "analysis.interval 'cgm' is not applied" in notes[0] and "families" in notes[1]
-    monkeypatch.setattr(stats, "estimates", after)
-    kw, notes = estimates_options(settings)
-    assert kw == {"n_boot": 7, "seed": 1, "level": 0.9, "alpha": 0.1, "method": "cgm", "families": {"F": ["H1"]}}
-    assert notes == []
+    pred = simulate_factorial(n_seeds=4, n_parents=20, effect=0.1, seed=3)
+    for method in ("pigeonhole", "cgm"):
+        settings = {"n_boot": 100, "seed": 1, "level": 0.9, "alpha": 0.1, "interval": method, "estimands": ["leak"]}
+        table = keep_estimands(estimates(pred, **estimates_options(settings)), settings)
+        assert set(table["estimand"]) == {"leak"} and set(table["interval_method"]) == {method}
+        assert set(table["n_boot"]) == {100}
 
 
 def test_family_labels_are_checked_by_the_statistics_and_their_families_are_the_default():
@@ -333,9 +325,7 @@ def test_the_config_hypotheses_name_the_rows_of_the_estimates(tmp_path):
     pred = simulate_factorial(n_seeds=4, n_parents=20, effect=0.1, seed=3)
     settings = {"n_boot": 200, "seed": 0, "level": 0.95, "alpha": 0.05, "families": {"mine": ["G1"]},
                 "hypotheses": {"G1": {"estimand": "leak", "intervention": "none"}}}
-    kw, notes = estimates_options(settings)
-    assert notes == []
-    table = estimates(pred, **kw)
+    table = estimates(pred, **estimates_options(settings))
     g1 = table[table["hypothesis"] == "G1"]
     leak = table[(table["estimand"] == "leak") & (table["intervention"] == "none")]
     assert len(g1) == len(leak) == 1 and set(g1["family"]) == {"mine"}

@@ -195,8 +195,9 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         examples: draw the example crops (loads two models; CPU, a few crops).
         device: where the example models run.
         analysis: analysis settings (`sweep.registration.sweep_analysis`); when given, they
-            replace `n_boot`, `seed` and `level`, and their estimands, families and interval
-            method reach `estimates` where it takes them (`sweep.registration.estimates_options`).
+            replace `n_boot`, `seed` and `level`, and their interval method, hypotheses and
+            families reach `estimates` (`sweep.registration.estimates_options`); only their
+            estimands' rows are kept.
         interval: the interval method without `analysis` ("cgm", default, or "pigeonhole").
 
     Returns:
@@ -231,26 +232,21 @@ def _estimates(pred: pd.DataFrame, analysis: dict | None, n_boot: int, seed: int
     """The estimates, with the analysis settings' keywords where given (only the registered
     estimands kept where `estimates` cannot select them)."""
     from shortcutlab.stats import estimates
-    from shortcutlab.sweep.registration import estimates_options
+    from shortcutlab.sweep.registration import estimates_options, keep_estimands
 
     if analysis is None:
         return estimates(pred, None, n_boot=n_boot, level=level, seed=seed, interval=interval)
-    kw, _ = estimates_options(analysis)
-    est = estimates(pred, None, **kw)
-    if analysis.get("estimands") is not None and "estimands" not in kw:
-        est = est[est["estimand"].isin(analysis["estimands"])].reset_index(drop=True)
-    return est
+    return keep_estimands(estimates(pred, None, **estimates_options(analysis)), analysis)
 
 
 def _registration_line(path: str, analysis: dict | None = None) -> str:
     """The report's statement on the registration (`sweep.registration.registration_statement`),
-    with the config's analysis settings that this version of the estimates could not apply."""
-    from shortcutlab.sweep.registration import estimates_options, registration_statement
+    and whether the estimates use the config's analysis settings."""
+    from shortcutlab.sweep.registration import registration_statement
 
-    notes = estimates_options(analysis)[1] if analysis is not None else []
     line = registration_statement(path)
     if analysis is not None:
-        line += " The estimates use the config's analysis section" + (": " + "; ".join(notes) if notes else "") + "."
+        line += " The estimates use the config's analysis section."
     return line
 
 

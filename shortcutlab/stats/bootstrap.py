@@ -210,7 +210,8 @@ def cgm_summary(estimate: float, reps: np.ndarray, level: float = 0.95, df: floa
         df: degrees of freedom of the t quantile and p-value; None: normal.
 
     Returns:
-        dict with ci_low, ci_high, se, p_value, n_boot (finite resamples used) and note ('' or
+        dict with ci_low, ci_high, se, p_value, n_boot (finite resamples of the scheme with the
+        fewest: each scheme draws the B asked for) and note ('' or
         why the interval is NaN or how V was formed); NaN interval, se and p where a block has
         fewer than 2 finite resamples, V is not finite, or the resamples do not vary.
     """
@@ -218,7 +219,7 @@ def cgm_summary(estimate: float, reps: np.ndarray, level: float = 0.95, df: floa
 
     reps = np.asarray(reps, dtype=np.float64).reshape(len(CGM_SCHEMES), -1)
     fin = [r[np.isfinite(r)] for r in reps]
-    B = sum(len(f) for f in fin)
+    B = min(len(f) for f in fin)   # resamples per one-way scheme, as the user asked for
     nan = dict(ci_low=np.nan, ci_high=np.nan, se=np.nan, p_value=np.nan, n_boot=B)
     if not np.isfinite(estimate):
         return {**nan, "note": ""}
@@ -274,8 +275,9 @@ def estimate_row(estimate, reps, level, reason="", interval: str = DEFAULT_INTER
         s = bootstrap_summary(estimate, reps, level)
         if np.isfinite(estimate) and s["n_boot"] >= 2 and not np.isfinite(s["se"]):
             reason = "the resamples do not vary (every one gives the estimate): no interval"
-    if not reason and s["n_boot"] < (len(reps) if reps is not None and np.ndim(reps) else 0):
-        reason = f"{len(reps) - s['n_boot']} of {len(reps)} resamples drew no crop of a cell and were left out"
+    asked = (len(reps) // (len(CGM_SCHEMES) if interval == "cgm" else 1)) if reps is not None and np.ndim(reps) else 0
+    if not reason and s["n_boot"] < asked:
+        reason = f"{asked - s['n_boot']} of {asked} resamples drew no crop of a cell and were left out"
     return {**extra, "estimate": float(estimate), **s, "reason": reason, "interval_method": interval}
 
 

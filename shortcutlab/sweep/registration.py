@@ -48,9 +48,6 @@ from shortcutlab.sweep.plan import Plan, build_plan
 FORMAT = 1
 #: the packages whose ``.py`` files make up the code version
 CODE_PACKAGES = ("shortcutlab", "interventions", "probes")
-#: the interval method of `shortcutlab.stats.estimates` before it took one: the two-way
-#: bootstrap resampling seeds and parents independently
-LEGACY_INTERVAL = "pigeonhole"
 
 
 class RegistrationError(ShortcutlabError):
@@ -106,22 +103,11 @@ def code_version() -> dict:
 
 
 # ------------------------------------------------------------------------------- the parts
-def estimates_default(name: str) -> Any:
-    """The default of keyword `name` of `shortcutlab.stats.estimates`, or None where it takes none
-    (the interval method and the families arrive with issue 23's statistics)."""
-    import inspect
-
-    from shortcutlab.stats import estimates
-
-    p = inspect.signature(estimates).parameters.get(name)
-    return None if p is None or p.default is inspect.Parameter.empty else p.default
-
-
 def analysis_settings(cfg: SweepConfig) -> dict:
     """The analysis a sweep registers: its `analysis:` mapping with every default filled in
     (`ANALYSIS_DEFAULTS`; `estimands`: every registered estimand, `interval`: the estimates'
-    default method, `families`: the paper's registered families where the statistics name them
-    (``shortcutlab.stats.hypotheses.PAPER_FAMILIES``), else null for the estimates' own).
+    default method, `families`: the paper's registered families,
+    ``shortcutlab.stats.hypotheses.PAPER_FAMILIES``).
     """
     from shortcutlab.stats import available_estimands
 
@@ -129,7 +115,9 @@ def analysis_settings(cfg: SweepConfig) -> dict:
     if a["estimands"] is None:
         a["estimands"] = available_estimands()
     if a["interval"] is None:
-        a["interval"] = estimates_default("method") or estimates_default("interval") or LEGACY_INTERVAL
+        from shortcutlab.stats.bootstrap import DEFAULT_INTERVAL
+
+        a["interval"] = DEFAULT_INTERVAL
     if a["families"] is None:  # the paper's registered families
         from shortcutlab.stats.hypotheses import PAPER_FAMILIES
 
@@ -400,42 +388,20 @@ def sweep_analysis(sweep_dir: str | os.PathLike, **given: Any) -> dict:
     return out
 
 
-def estimates_options(settings: dict) -> tuple[dict, list[str]]:
-    """The keywords of `shortcutlab.stats.estimates` for analysis settings, and a note for
-    each setting this version of `estimates` cannot take (it is then not applied).
+def estimates_options(settings: dict) -> dict:
+    """The keywords of `shortcutlab.stats.estimates` for analysis settings: n_boot, seed,
+    level, alpha, the interval method and, where set, the hypotheses and their families (the
+    `estimands` list is applied by `keep_estimands`)."""
+    kw = {k: settings[k] for k in ("n_boot", "seed", "level", "alpha", "interval", "families", "hypotheses")
+          if settings.get(k) is not None}
+    return kw
 
-    n_boot, seed, level and alpha are always passed; the interval method (as ``method`` or
-    ``interval``), ``families`` and ``estimands`` only where `estimates` takes them (checked on
-    its signature, so the call works before and after they are added). An `estimands` list
-    `estimates` does not take is applied by the caller, by keeping only those rows.
-    """
-    import inspect
 
-    from shortcutlab.stats import estimates
-
-    takes = set(inspect.signature(estimates).parameters)
-    kw = {k: settings[k] for k in ("n_boot", "seed", "level", "alpha") if settings.get(k) is not None}
-    notes = []
-    if settings.get("interval") is not None:
-        key = next((k for k in ("method", "interval") if k in takes), None)
-        if key:
-            kw[key] = settings["interval"]
-        else:
-            notes.append(f"analysis.interval {settings['interval']!r} is not applied: this version of the estimates has one "
-                         f"interval method ({LEGACY_INTERVAL})")
-    if settings.get("families") is not None:
-        if "families" in takes:
-            kw["families"] = settings["families"]
-        else:
-            notes.append("analysis.families is not applied: this version of the estimates has its own Holm families")
-    if settings.get("hypotheses") is not None:
-        if "hypotheses" in takes:
-            kw["hypotheses"] = settings["hypotheses"]
-        else:
-            notes.append("analysis.hypotheses is not applied: this version of the estimates names no hypotheses")
-    if settings.get("estimands") is not None and "estimands" in takes:
-        kw["estimands"] = settings["estimands"]
-    return kw, notes
+def keep_estimands(table, settings: dict | None):
+    """The estimates rows of the estimands the analysis settings register (all without a list)."""
+    if not settings or settings.get("estimands") is None:
+        return table
+    return table[table["estimand"].isin(settings["estimands"])].reset_index(drop=True)
 
 
 # ------------------------------------------------------------------------------- statement

@@ -357,9 +357,8 @@ def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, *, analys
     Args:
         analysis: analysis settings (`registration.sweep_analysis`: the config's `analysis:`
             with the command line's overrides); when given, `n_boot` and `seed` are taken from
-            it, and its estimands, families and interval method are passed where `estimates`
-            takes them (`registration.estimates_options`; estimands it does not take are kept
-            by filtering the rows).
+            it, its interval method, hypotheses and families are passed to `estimates`
+            (`registration.estimates_options`) and only its estimands' rows are kept.
         interval: the interval method without `analysis` ("cgm" or "pigeonhole").
 
     Raises:
@@ -371,13 +370,9 @@ def estimates_table(out_dir: str, n_boot: int = 10_000, seed: int = 0, *, analys
     results = _read_parquet(out_dir, "results", required=False)
     if analysis is None:
         return estimates(pred, results, n_boot=n_boot, seed=seed, interval=interval)
-    from shortcutlab.sweep.registration import estimates_options
+    from shortcutlab.sweep.registration import estimates_options, keep_estimands
 
-    kw, _ = estimates_options(analysis)
-    table = estimates(pred, results, **kw)
-    if analysis.get("estimands") is not None and "estimands" not in kw:
-        table = table[table["estimand"].isin(analysis["estimands"])].reset_index(drop=True)
-    return table
+    return keep_estimands(estimates(pred, results, **estimates_options(analysis)), analysis)
 
 
 def results_table(out_dir: str) -> pd.DataFrame:
