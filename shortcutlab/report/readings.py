@@ -2,7 +2,8 @@
 
 Every number is taken from the estimates table (`shortcutlab.stats.estimates`, fractions) or
 from the results rows, and printed in percentage points (pp, one decimal) or percent; an
-interval is the table's (95% by default) percentile bootstrap interval.
+interval is the table's (95% by default) two-way interval (CGM by default, or the pigeonhole
+bootstrap's percentile interval; `shortcutlab.stats.estimates`' `interval`).
 
 The rules, stated once and used everywhere:
 
