@@ -864,8 +864,9 @@ def cmd_results(args) -> int:
         print("accuracy (mean over models)")
         print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
-        print("registered tests (the paper's Table 2; p_holm: Holm within the registered family)")
-        print(_registered_text(table))
+        print("registered tests (the paper's Table 2; p_holm: Holm within the registered family"
+              + ("; sensitivity analyses beside them, described below)" if args.sensitivity else ")"))
+        print(_registered_text(table, summary if args.sensitivity else None))
         print()
         print(f"estimates (percentage points; {settings['level'] * 100:g}% two-way cluster bootstrap over seeds and test parents, "
               f"{settings['n_boot']} resamples, seed {settings['seed']}"
@@ -928,11 +929,12 @@ def _estimates_text(table) -> str:
     return t[[c for c in cols if c in t.columns]].to_string(index=False)
 
 
-def _registered_text(table) -> str:
-    """The registered tests (`shortcutlab.report.tables.registered_table`) for a terminal."""
+def _registered_text(table, sensitivity=None) -> str:
+    """The registered tests (`shortcutlab.report.tables.registered_table`) for a terminal, with
+    the sensitivity p-values where `sensitivity` (a `sensitivity_summary`) is given."""
     from shortcutlab.report.tables import registered_table
 
-    reg = registered_table(table)
+    reg = registered_table(table, sensitivity=sensitivity)
     if reg.empty:
         return "(none: no estimate tests a registered hypothesis)"
     return reg.to_string(index=False)

@@ -331,3 +331,30 @@ def test_a_slope_from_two_seeds_is_no_test_in_the_follow_up_family():
     f2 = table[table["hypothesis"] == "F2"].iloc[0]
     # issue 23: two seeds give no interval and no test for any estimand (fewer than 3 seeds)
     assert np.isnan(f2["p_value"]) and np.isnan(f2["p_holm"]) and "2 seed(s), fewer than 3" in f2["reason"]
+
+
+def test_registered_tests_carry_the_sensitivity_p_values_of_their_rows():
+    """With a sensitivity summary, H3's row carries the t on per-seed differences (checked
+    against scipy on leak - clean accuracies per seed computed here with pandas, S - 1 df in
+    this balanced design) and the exact sign-flip p (enumerated here over the 2^S patterns)."""
+    from scipy import stats as st
+
+    from shortcutlab.stats.sensitivity import sensitivity_summary, sensitivity_table
+
+    pred = factorial(n_seeds=5, divs=("high",), archs=("r18",), rng=np.random.default_rng(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StatsWarning)
+        table = estimates(pred, n_boot=200)
+        summary = sensitivity_summary(sensitivity_table(pred, mixed_model=False), table)
+    reg = registered_tests(table, summary)
+    h3 = reg[reg["hypothesis"] == "H3"].iloc[0]
+    acc = pred.groupby(["seed", "exposure"])["correct"].mean().unstack()
+    d = (acc["leak"] - acc["clean"]).to_numpy()
+    ref = st.ttest_1samp(d, 0.0)
+    assert h3["df"] == pytest.approx(len(d) - 1)
+    assert h3["t"] == pytest.approx(ref.statistic, rel=1e-9) and h3["p_t"] == pytest.approx(ref.pvalue, rel=1e-9)
+    flips = np.array(list(itertools.product([-1, 1], repeat=len(d))))
+    stat = np.abs((flips * d).mean(axis=1))
+    assert h3["p_sign_flip"] == pytest.approx(np.mean(stat >= abs(d.mean()) - 1e-12))
+    assert "p_glmm" in reg.columns and np.isnan(h3["p_glmm"])       # the mixed model was not asked for
+    assert "p_t" not in registered_tests(table).columns              # no summary: no sensitivity columns

@@ -13,7 +13,7 @@ from shortcutlab.report import readings as rd
 from shortcutlab.report.figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
 from shortcutlab.report.folder import ReportError, SweepFolder
 from shortcutlab.report.render import to_html, to_markdown
-from shortcutlab.report.sensitivity import sensitivity_section
+from shortcutlab.report.sensitivity import sensitivity_section, sensitivity_summary_of
 from shortcutlab.report.tables import audit_card, dose_pairs, registered_table, validity_table
 from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
 
@@ -257,9 +257,10 @@ def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, le
     pairs = dose_pairs(pred, results) if results is not None else pd.DataFrame()
     slopes = _slopes(pairs, n_boot, seed, level)
     validity, vtable = validity_section(est, results, n_boot, seed, level)
+    sens = sensitivity_summary_of(pred, est, seed)
     sections = [
         audit_section(folder, results),
-        registered_section(est, level),
+        registered_section(est, level, sens),
         accuracy_section(pred, est),
         forest_section(est, level),
         validity,
@@ -269,7 +270,7 @@ def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, le
     further = further_section(est, level)
     if further is not None:
         sections.append(further)
-    sections.append(sensitivity_section(pred, est, seed))
+    sections.append(sensitivity_section(pred, est, seed, summary=sens))
     if examples:
         sections.append(examples_section(folder, device=device))
     else:
@@ -278,12 +279,13 @@ def _sections(folder: SweepFolder, est: pd.DataFrame, n_boot: int, seed: int, le
     return sections, vtable
 
 
-def registered_section(est: pd.DataFrame, level: float = 0.95) -> Section:
+def registered_section(est: pd.DataFrame, level: float = 0.95, sensitivity: pd.DataFrame | None = None) -> Section:
     """The registered tests as the paper's Table 2 (`registered_table`): each hypothesis the
     sweep's rows test, its estimate, interval, p, Holm-adjusted p within its registered family
-    and the verdict; before every other estimate."""
+    and the verdict, with the sensitivity analyses' p-values beside them where `sensitivity`
+    (`sensitivity_summary_of`) is given; before every other estimate."""
     key, title = "registered_tests", "Registered tests"
-    table = registered_table(est, level)
+    table = registered_table(est, level, sensitivity)
     if table.empty:
         return left_out(key, title, "no estimate tests a registered hypothesis (no protocol pair, factorial or "
                                     "dose-response; or the hypotheses were switched off)")

@@ -41,11 +41,20 @@ def sensitivity_display(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def sensitivity_section(pred: pd.DataFrame, est: pd.DataFrame, seed: int = 0, baseline: str = "none") -> Section:
+def sensitivity_summary_of(pred: pd.DataFrame, est: pd.DataFrame, seed: int = 0, baseline: str = "none") -> pd.DataFrame:
+    """`sensitivity_summary` of the sweep's predictions beside its estimates (computed once for
+    the registered tests' table and this section)."""
+    return sensitivity_summary(sensitivity_table(pred, baseline=baseline, seed=seed), est)
+
+
+def sensitivity_section(pred: pd.DataFrame, est: pd.DataFrame, seed: int = 0, baseline: str = "none",
+                        summary: pd.DataFrame | None = None) -> Section:
     """The section: one table row per primary estimate (the leak pooled over architectures per
     diversity level and pooled over levels, the leak cut of each intervention, the protocol
-    effect), with a reading that says how many of them every analysis rejects at 0.05."""
-    summary = sensitivity_summary(sensitivity_table(pred, baseline=baseline, seed=seed), est)
+    effect), with a reading that says how many of them every analysis rejects at 0.05.
+    `summary`: `sensitivity_summary_of` made already (computed here when None)."""
+    if summary is None:
+        summary = sensitivity_summary_of(pred, est, seed, baseline)
     if summary.empty:
         return left_out(KEY, TITLE, "the sweep holds no primary estimate (no factorial and no protocol pair)")
     cols = ["p_bootstrap", "p_sign_flip", "p_t", "p_glmm"]

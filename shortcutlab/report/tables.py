@@ -457,12 +457,15 @@ def _p_text(p) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def registered_table(est: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+def registered_table(est: pd.DataFrame, level: float = 0.95, sensitivity: pd.DataFrame | None = None) -> pd.DataFrame:
     """The estimates' registered tests as display strings, in the paper's order (Table 2):
     hypothesis, test, condition, estimate and interval in the estimand's unit, p, p_holm, the
     Holm family and whether it is rejected at the family-wise level (a row without an interval
-    says why instead: never a degenerate [x, x]). Empty when no row carries a hypothesis."""
-    rows = registered_tests(est)
+    says why instead: never a degenerate [x, x]); with `sensitivity`
+    (`stats.sensitivity.sensitivity_summary`) the sensitivity p-values beside them (sign-flip,
+    t on per-seed differences with its df, binomial mixed model). Empty when no row carries a
+    hypothesis."""
+    rows = registered_tests(est, sensitivity)
     out = []
     for r in rows.to_dict("records"):
         unit = get_estimand(str(r["estimand"])).unit
@@ -481,9 +484,15 @@ def registered_table(est: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
         what = r["name"] + (f" ({intervention_label(str(r['intervention']))})" if cut else "")
         what += f" [{r['recipe']}]" if str(r.get("recipe") or "") not in ("", "nan") else ""
         tested = not is_nan(r["p_holm"])
-        out.append({"hypothesis": r["hypothesis"], "test": what, "condition": r["condition"],
-                    "estimate": value, "interval": interval, "p": _p_text(r["p_value"]),
-                    "p_holm": _p_text(r["p_holm"]), "family": r["family"],
-                    "reject": ("yes" if r["reject"] else "no") if tested else ""})
-    return pd.DataFrame(out, columns=["hypothesis", "test", "condition", "estimate", "interval", "p", "p_holm", "family",
-                                      "reject"])
+        row = {"hypothesis": r["hypothesis"], "test": what, "condition": r["condition"],
+               "estimate": value, "interval": interval, "p": _p_text(r["p_value"]),
+               "p_holm": _p_text(r["p_holm"]), "family": r["family"],
+               "reject": ("yes" if r["reject"] else "no") if tested else ""}
+        if sensitivity is not None:
+            df = r.get("df", np.nan)
+            row.update({"p sign-flip": _p_text(r.get("p_sign_flip", np.nan)),
+                        "p t": _p_text(r.get("p_t", np.nan)) + (f" ({df:.3g} df)" if not is_nan(df) else ""),
+                        "p GLMM": _p_text(r.get("p_glmm", np.nan))})
+        out.append(row)
+    cols = ["hypothesis", "test", "condition", "estimate", "interval", "p", "p_holm", "family", "reject"]
+    return pd.DataFrame(out, columns=cols + (["p sign-flip", "p t", "p GLMM"] if sensitivity is not None else []))

@@ -219,17 +219,29 @@ def _describe(row) -> str:
     return ", ".join(f"{c}={row[c]}" for c in SELECTOR_COLUMNS if c in row.index and str(row[c]) not in ("", "nan"))
 
 
-def registered_tests(table: pd.DataFrame) -> pd.DataFrame:
+#: the sensitivity columns `registered_tests` joins from `sensitivity.sensitivity_summary`
+SENSITIVITY_COLUMNS = ("p_sign_flip", "t", "df", "p_t", "p_glmm")
+
+
+def registered_tests(table: pd.DataFrame, sensitivity: pd.DataFrame | None = None) -> pd.DataFrame:
     """The labelled rows of an estimates table in the paper's order (Table 2): hypothesis, its
     wording, condition, estimand, estimate, ci_low, ci_high, p_value, p_holm, family, reject,
-    n_seeds, reason."""
+    n_seeds, reason; with `sensitivity` (`shortcutlab.stats.sensitivity.sensitivity_summary`)
+    also each row's sensitivity p-values (`SENSITIVITY_COLUMNS`, NaN where the row has none),
+    joined on estimand, condition, arch, diversity and intervention."""
     if "hypothesis" not in table.columns:
         return pd.DataFrame(columns=["hypothesis", "name"])
     rows = table[table["hypothesis"].astype(str) != ""].copy()
+    extra = []
+    if sensitivity is not None:
+        keys = ["estimand", "condition", "arch", "diversity", "intervention"]
+        extra = [c for c in SENSITIVITY_COLUMNS if c in sensitivity.columns]
+        sens = sensitivity[keys + extra].astype({k: str for k in keys}).drop_duplicates(keys)
+        rows = rows.astype({k: str for k in keys}).merge(sens, on=keys, how="left")
     order = {lab: i for i, lab in enumerate(HYPOTHESES)}
     rows["_o"] = rows["hypothesis"].map(lambda h: order.get(h, len(order)))
     rows = rows.sort_values(["_o", "hypothesis"], kind="mergesort").drop(columns="_o")
     rows.insert(1, "name", rows["hypothesis"].map(lambda h: HYPOTHESES.get(h, "")))
     cols = ["hypothesis", "name", "condition", "estimand", "intervention", "recipe", "estimate", "ci_low", "ci_high",
-            "p_value", "p_holm", "family", "reject", "n_seeds", "reason"]
+            "p_value", "p_holm", "family", "reject", "n_seeds", "reason"] + extra
     return rows[[c for c in cols if c in rows.columns]].reset_index(drop=True)
