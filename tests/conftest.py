@@ -38,7 +38,7 @@ def shuffled(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Leave the tests marked `slow` out of a run that selects no markers (the README's
+    """Leave the tests marked `slow` (or `calibration`) out of a run that selects no markers (the README's
     `python -m pytest -q`, which must finish in minutes on 2 cores). `-m slow` runs them
     (`.ci/run` does, as its second step), `-m "slow or not slow"` runs everything, and a test
     named by its node id (`tests/test_x.py::test_y`) runs whatever its marks."""
@@ -47,7 +47,8 @@ def pytest_collection_modifyitems(config, items):
     named = tuple(a.replace(os.sep, "/") for a in config.args if "::" in a)
 
     def left_out(item) -> bool:
-        return item.get_closest_marker("slow") is not None and not any(
+        long = item.get_closest_marker("slow") is not None or item.get_closest_marker("calibration") is not None
+        return long and not any(
             item.nodeid == n or item.nodeid.startswith(n + "[") or item.nodeid.endswith("/" + n) for n in named)
 
     slow = [item for item in items if left_out(item)]

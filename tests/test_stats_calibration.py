@@ -14,7 +14,8 @@ Every data set goes through `estimates` (interval="cgm" and "pigeonhole" on the 
 the figures are the coverage of the 95% interval, the mean bootstrap SE over the Monte Carlo
 SD of the estimate and, on data sets whose true effects are 0, the rejection rate at 0.05.
 `pytest -s` prints them. The default suite runs a small version (a few seconds); the full one
-(marked slow) the numbers in README.md, "Statistics".
+(marked calibration: about 15 minutes per generator on one core, left out of the default run and
+of `-m slow`; run `python -m pytest -s -m calibration`) the numbers in README.md, "Statistics".
 """
 
 from __future__ import annotations
@@ -269,7 +270,7 @@ def check_calibration(gen, n_sets: int, n_pigeonhole: int, seed: int, n_boot: in
     assert np.mean([pig[k][1] for k in pig if k[0] in ("leak", "leak_cut")]) > 1.2
 
 
-@pytest.mark.slow
+@pytest.mark.calibration
 @pytest.mark.parametrize("gen", [gen_probability, gen_logit])
 def test_cgm_intervals_are_calibrated(gen):
     check_calibration(gen, n_sets=400, n_pigeonhole=200, seed=23)
