@@ -403,7 +403,7 @@ def binomial_glmm(frame: pd.DataFrame, *, seed: int = 0, max_iter: int | None = 
     try:
         from statsmodels.genmod.bayes_mixed_glm import BinomialBayesMixedGLM
     except ImportError:
-        out["reason"] = "statsmodels is not installed: pip install 'shortcutlab[stats]' (or statsmodels) for the mixed model"
+        out["reason"] = "statsmodels is not installed: pip install statsmodels (a dependency of shortcutlab) for the mixed model"
         return out
     if len(frame) > max_rows:
         out["reason"] = (f"not fitted: {len(frame)} crop-level rows exceed max_rows={max_rows} (the fit's time grows "
