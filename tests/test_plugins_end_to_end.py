@@ -215,13 +215,15 @@ def test_the_report_reads_the_toy_leak_metric_under_its_label(sweep):
     v = sweep["validity"]
     row = v[v["kind"] == "toy_exposure"]
     assert row["item"].tolist() == ["toy exposure sibling share"]
-    # leak minus clean sibling share per seed: 1 - 0 in both seeds, so the interval is [1, 1]
-    assert row[["estimate", "ci_low", "ci_high"]].iloc[0].tolist() == pytest.approx([1.0, 1.0, 1.0])
-    assert row["verdict"].tolist() == ["moves"]
+    # leak minus clean sibling share per seed: 1 - 0 in both seeds; with 2 seeds no interval
+    # (fewer than 3; and the values do not vary): the value is shown with the reason, never [1, 1]
+    assert row["estimate"].iloc[0] == pytest.approx(1.0)
+    assert row[["ci_low", "ci_high"]].isna().all(axis=None)
+    assert row["verdict"].tolist() == ["n/a"]
     section = _section(sweep["html"], "validity")
     assert "<td>toy exposure sibling share</td>" in section
-    assert "the toy exposure sibling share: color (high) moves" in section
-    assert "| toy exposure sibling share | +100.0 (+100.0 to +100.0) |" in sweep["md"]
+    assert "the toy exposure sibling share: color (high) has no interval (2 seeds; an interval needs 3)" in section
+    assert "| toy exposure sibling share | +100.0 (no interval) |" in sweep["md"]
 
 
 # --- the estimand ----------------------------------------------------------------------------

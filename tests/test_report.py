@@ -124,14 +124,18 @@ def _simulated(n_seeds=4, seed=1) -> pd.DataFrame:
 
 
 def _results(pred: pd.DataFrame) -> pd.DataFrame:
-    """Hand-set diagnostic rows: leak R = clean R + 0.2 in `color` (+0 in `none`), LEACE that
-    removes the refitted heads' gap entirely in `color`, equal Grad-CAM mass."""
+    """Hand-set diagnostic rows: leak R = clean R + 0.2 + 0.01 seed in `color` (+0.01 (seed - 1.5)
+    in `none`, 0 on average),
+    LEACE that removes the refitted heads' gap entirely in `color`, Grad-CAM mass of leak models
+    off by 0.01 (seed - 1.5) (0 on average; the seeds' differences vary, so they have an
+    interval: values equal in every seed would have none)."""
     models = pred.drop_duplicates("model")[["model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity"]]
     rows = []
     for m in models.to_dict("records"):
         leak = m["exposure"] == "leak"
-        up = 0.2 if (leak and m["condition"] == "color") else 0.0
-        r = 0.3 + 0.01 * m["seed"] + up
+        up = 0.2 + 0.01 * m["seed"] if (leak and m["condition"] == "color") else 0.0
+        r = 0.3 + 0.01 * m["seed"] + up + (0.01 * (m["seed"] - 1.5) if leak and m["condition"] == "none" else 0.0)
+        off = 0.01 * (m["seed"] - 1.5) if leak else 0.0
         rows += [
             dict(m, diagnostic="parent_probe", setting="on=all", metric="R", value=r),
             dict(m, diagnostic="parent_probe", setting="on=all,class=0", metric="R", value=0.9),
@@ -139,7 +143,7 @@ def _results(pred: pd.DataFrame) -> pd.DataFrame:
             dict(m, diagnostic="leace", setting="rank=16", metric="R_after", value=0.05),
             dict(m, diagnostic="leace", setting="rank=16,test_set=test", metric="accuracy_before", value=0.6 + up),
             dict(m, diagnostic="leace", setting="rank=16,test_set=test", metric="accuracy_after", value=0.6),
-            dict(m, diagnostic="gradcam", setting="target=predicted", metric="outside_mass", value=0.4 + 0.01 * m["seed"]),
+            dict(m, diagnostic="gradcam", setting="target=predicted", metric="outside_mass", value=0.4 + 0.01 * m["seed"] + off),
             dict(m, diagnostic="gradcam", setting="target=predicted", metric="random_pair_spearman", value=0.05),
             dict(m, diagnostic="gradcam", setting="target=predicted,cascade=0", metric="randomized_head_spearman", value=0.1),
             dict(m, diagnostic="gradcam", setting="target=predicted,cascade=0", metric="randomized_outside_mass", value=0.7),
@@ -239,9 +243,11 @@ def test_validity_table_hand_set_results(simulated_report):
     v = pd.read_csv(paths["validity"], keep_default_na=False, na_values=[""])
     color = v[v["condition"] == "color"].set_index("kind")
     r = color.loc["R"]
-    assert r["estimate"] == pytest.approx(0.2) and r["ci_low"] == pytest.approx(0.2) and r["verdict"] == "moves"
-    e = color.loc["erasure"]                                 # refitted heads: gap 0.2 before, 0 after
-    assert e["estimate"] == pytest.approx(0.2) and e["share"] == pytest.approx(1.0) and e["verdict"] == "removed"
+    # leak - clean R per seed 0.20, 0.21, 0.22, 0.23: mean 0.215, a seed bootstrap within [0.20, 0.23]
+    assert r["estimate"] == pytest.approx(0.215) and 0.2 - 1e-9 <= r["ci_low"] < 0.215 < r["ci_high"] <= 0.23 + 1e-9
+    assert r["verdict"] == "moves"
+    e = color.loc["erasure"]                                 # refitted heads: gap 0.215 before, 0 after
+    assert e["estimate"] == pytest.approx(0.215) and e["share"] == pytest.approx(1.0) and e["verdict"] == "removed"
     g = color.loc["gradcam"]
     assert g["estimate"] == pytest.approx(0.0) and g["verdict"] == "does not move"
     inter = v[(v["condition"] == "color") & (v["kind"] == "intervention")].set_index("item")["verdict"].to_dict()
@@ -254,9 +260,10 @@ def test_validity_table_hand_set_results(simulated_report):
 def test_dose_section_reads_r_and_erasure(simulated_report):
     _, _, html, _ = simulated_report
     sec = _section(html, "dose_response")
-    # leak R = 0.3 + 0.01 seed + 0.2 (color) or + 0 (none), seeds 0..3: mean 0.415 over 8 pairs; R_after 0.05
-    assert "Over 8 leak/clean pairs, the leak models&#x27; R averages 0.415 before and 0.050 after LEACE rank=16 erasure" in sec
-    assert "the gap of refitted heads goes from +10.0 pp to +0.0 pp" in sec
+    # leak R = 0.3 + 0.01 seed + 0.2 + 0.01 seed (color) or + 0 (none), seeds 0..3: mean 0.4225 over 8
+    # pairs; R_after 0.05; the refitted heads' gap 0.2 + 0.01 seed (color) or 0: 10.75 pp on average
+    assert "Over 8 leak/clean pairs, the leak models&#x27; R averages 0.422 before and 0.050 after LEACE rank=16 erasure" in sec
+    assert "the gap of refitted heads goes from +10.8 pp to +0.0 pp" in sec
 
 
 def test_missing_inputs_are_left_out_with_reasons(tmp_path):
@@ -501,7 +508,8 @@ def test_a_plugin_diagnostic_and_estimand_show_under_their_own_labels(toy_plugin
     models = pred.drop_duplicates("model")[["model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity"]]
     rows = []
     for m in models.to_dict("records"):
-        value = 0.5 + 0.01 * m["seed"] + (0.05 if m["exposure"] == "leak" else 0.0)   # leak = clean + 5 points
+        # leak = clean + 4, 5, 6 points in seeds 0, 1, 2 (values equal in every seed would have no interval)
+        value = 0.5 + 0.01 * m["seed"] + (0.05 + 0.01 * (m["seed"] - 1) if m["exposure"] == "leak" else 0.0)
         rows += [dict(m, diagnostic="toy_spread", setting="", metric="cell_spread", value=value),
                  dict(m, diagnostic="toy_spread", setting="class=0", metric="cell_spread", value=0.9)]
     results = pd.DataFrame(rows).assign(run_id=lambda r: r["model"], ci_low=np.nan, ci_high=np.nan, n=10)
@@ -558,13 +566,14 @@ def toy_recoverability():
 
 def _toy_pred_and_results(metric="recovered", diagnostic="toy_recover"):
     """A simulated factorial (3 seeds) and one result row per model: R = 0.30 + 0.01 * seed,
-    plus 0.20 for leak models; rows with a class or a longer setting are not the overall R."""
+    plus 0.20 + 0.01 (seed - 1) for leak models (0.2 on average; the seeds' differences vary, so
+    they have an interval); rows with a class or a longer setting are not the overall R."""
     pred = simulate_factorial(n_seeds=3, n_parents=12, crops_per_parent=2, effect=1.5, condition="sim", seed=2)
     pred = pred.astype({c: str for c in ("model", "arch", "exposure", "id", "parent", "cell")})
     models = pred.drop_duplicates("model")[["model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity"]]
     rows = []
     for m in models.to_dict("records"):
-        r = 0.3 + 0.01 * m["seed"] + (0.2 if m["exposure"] == "leak" else 0.0)
+        r = 0.3 + 0.01 * m["seed"] + (0.2 + 0.01 * (m["seed"] - 1) if m["exposure"] == "leak" else 0.0)
         rows += [dict(m, diagnostic=diagnostic, setting="fold=all", metric=metric, value=r),
                  dict(m, diagnostic=diagnostic, setting="fold=all,class=0", metric=metric, value=0.9),
                  dict(m, diagnostic=diagnostic, setting="fold=all,repeat=2", metric=metric, value=0.8)]
@@ -584,7 +593,7 @@ def test_a_plug_in_supplying_recoverability_is_the_reports_r(toy_recoverability,
     # by hand: the leak model's R of each seed, and its accuracy minus its clean partner's
     acc = {(int(s), e): g["correct"].mean() for (s, e), g in pred.groupby(["seed", "exposure"])}
     assert pairs["seed"].tolist() == [0, 1, 2]
-    assert pairs["R"].tolist() == pytest.approx([0.5, 0.51, 0.52])
+    assert pairs["R"].tolist() == pytest.approx([0.49, 0.51, 0.53])
     assert pairs["gap"].tolist() == pytest.approx([acc[s, "leak"] - acc[s, "clean"] for s in (0, 1, 2)])
     assert pairs[["R_after", "gap_before", "gap_after"]].isna().all().all()     # no erasure rows
     paths = build_report(_fake_sweep(tmp_path, pred, results), n_boot=50, examples=False)

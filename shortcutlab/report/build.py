@@ -15,6 +15,7 @@ from shortcutlab.report.folder import ReportError, SweepFolder
 from shortcutlab.report.render import to_html, to_markdown
 from shortcutlab.report.sensitivity import sensitivity_section, sensitivity_summary_of
 from shortcutlab.report.tables import audit_card, dose_pairs, registered_table, validity_table
+from shortcutlab.stats.bootstrap import MIN_CLUSTERS
 from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
 
 TITLE = "shortcutlab report"
@@ -76,8 +77,18 @@ def validity_reading(table: pd.DataFrame) -> str:
     for kind, item in groups:
         sub = diag[(diag["kind"] == kind) & (diag["item"] == item)]
         parts.append(f"{_diagnostic_phrase(kind, item)}: "
-                     + ", ".join(f"{r.condition} ({r.diversity}) {r.verdict}" for r in sub.itertuples()))
+                     + ", ".join(f"{r.condition} ({r.diversity}) {_verdict_words(r.verdict, r.n_seeds)}"
+                                 for r in sub.itertuples()))
     return "; ".join(parts) + "." if parts else ""
+
+
+def _verdict_words(verdict: str, n_seeds) -> str:
+    """A diagnostic's verdict in the reading; 'n/a' (no interval) says why: too few seeds."""
+    if verdict != "n/a":
+        return verdict
+    n = int(n_seeds) if not is_nan(n_seeds) else 0
+    return (f"has no interval ({n} seed{'s' if n != 1 else ''}; an interval needs {MIN_CLUSTERS})" if n < MIN_CLUSTERS
+            else "has no interval (the seeds' values do not vary)")
 
 
 def _diagnostic_phrase(kind: str, item: str) -> str:

@@ -77,14 +77,18 @@ def seed_interval(values: pd.DataFrame, column: str, n_boot: int = 2000, seed: i
     bootstrap interval that resamples seeds.
 
     Returns:
-        (mean, low, high, number of seeds); the interval is NaN with fewer than two seeds.
+        (mean, low, high, number of seeds); the interval is NaN with fewer than
+        `stats.bootstrap.MIN_CLUSTERS` (3) seeds, as the estimates' are, and where the seeds'
+        values do not vary (never a degenerate [x, x]).
     """
+    from shortcutlab.stats.bootstrap import MIN_CLUSTERS
+
     per_seed = values.groupby("seed")[column].mean().dropna().to_numpy(float)
     k = len(per_seed)
     if k == 0:
         return (np.nan, np.nan, np.nan, 0)
     mean = float(per_seed.mean())
-    if k < 2 or n_boot <= 0:
+    if k < MIN_CLUSTERS or n_boot <= 0 or np.ptp(per_seed) <= 1e-12 * max(1.0, abs(mean)):
         return (mean, np.nan, np.nan, k)
     rng = np.random.default_rng(seed)
     reps = per_seed[rng.integers(0, k, size=(n_boot, k))].mean(axis=1)
