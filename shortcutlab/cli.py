@@ -865,7 +865,7 @@ def cmd_results(args) -> int:
         print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
         print("registered tests (the paper's Table 2; p_holm: Holm within the registered family"
-              + ("; sensitivity analyses beside them, described below)" if args.sensitivity else ")"))
+              + ("; the sign-flip, t and GLMM p-values beside them are described below)" if args.sensitivity else ")"))
         print(_registered_text(table, summary if args.sensitivity else None))
         print()
         print(f"estimates (percentage points; {settings['level'] * 100:g}% two-way cluster bootstrap over seeds and test parents, "

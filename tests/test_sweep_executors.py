@@ -210,7 +210,7 @@ def test_executor_registry_rules_and_plugins(tmp_path, monkeypatch, capsys):
         check_executor(executors.get_class("serial"))
         # the CLI offers it and hands it --workers (run_sweep replaced: only the executor matters)
         made = []
-        monkeypatch.setattr("shortcutlab.sweep.runner.run_sweep", lambda cfg, out, ex, progress: made.append(ex) or
+        monkeypatch.setattr("shortcutlab.sweep.runner.run_sweep", lambda cfg, out, ex, progress, **kw: made.append(ex) or
                             {"n_tasks": 0, "done_before": {}, "n_models": 0, "seconds": 0.0})
         config = tmp_path / "sweep.yaml"
         config.write_text(SWEEP_YAML)

@@ -362,22 +362,12 @@ def _interventions(ctx: EstimandContext) -> pd.DataFrame | None:
     return ctx.joint("interventions", compute)
 
 
-def _intervention_rows(name: str) -> Callable[[EstimandContext], pd.DataFrame | None]:
-    def rows(ctx: EstimandContext) -> pd.DataFrame | None:
-        inter = _interventions(ctx)
-        return None if inter is None else inter[inter["estimand"] == name]
-
-    rows.__doc__ = f"The {name} rows of `intervention_table` (family {name}:<condition>, none for share_removed)."
-    rows.__qualname__ = f"{name}_estimand"
-    return rows
-
-
 register_estimand("leak_cut", unit="pp", section="leak_effect",
-                  reading="{intervention} cuts the leak by {estimate} ({interval})")(_intervention_rows("leak_cut"))
+                  reading="{intervention} cuts the leak by {estimate} ({interval})")(_joint_rows("leak_cut", _interventions))
 register_estimand("share_removed", unit="share", section="leak_effect",
-                  reading="{intervention} removes {estimate} of the leak ({interval})")(_intervention_rows("share_removed"))
+                  reading="{intervention} removes {estimate} of the leak ({interval})")(_joint_rows("share_removed", _interventions))
 register_estimand("clean_cost", unit="pp", section="leak_effect",
-                  reading="{intervention} costs clean models {estimate} ({interval})")(_intervention_rows("clean_cost"))
+                  reading="{intervention} costs clean models {estimate} ({interval})")(_joint_rows("clean_cost", _interventions))
 
 
 @register_estimand("protocol", unit="pp", reading=protocol_phrase, section="accuracy")
