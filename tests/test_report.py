@@ -643,3 +643,21 @@ def test_the_report_names_no_built_in_diagnostic():
                   if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names}
     assert {"gradcam", "leace", "parent_probe", "interventions"} <= names
     assert found - not_diagnostics == set()
+
+
+def test_the_report_tests_f8_from_the_results_as_results_does(simulated_report):
+    """The report's estimates read the results too: the slope of the leak gap on R (F8) is in
+    estimates.csv and in the registered tests, its estimate the least-squares slope (numpy's
+    polyfit) of the leak models' gap on their R over the dose pairs of each condition."""
+    from shortcutlab.report.tables import dose_pairs
+    from shortcutlab.sweep.runner import read_predictions
+
+    pred, paths, html, _ = simulated_report
+    est = pd.read_csv(paths["estimates"], keep_default_na=False, na_values=[""])
+    slope = est[est["estimand"] == "slope"].set_index("condition")
+    assert set(slope["hypothesis"]) == {"F8"} and set(slope["family"]) == {"follow_up"}
+    results = pd.read_parquet(os.path.join(os.path.dirname(paths["dir"]), "results.parquet"))
+    pairs = dose_pairs(read_predictions(os.path.dirname(paths["dir"])), results)
+    for condition, sub in pairs.groupby("condition"):
+        assert slope.loc[condition, "estimate"] == pytest.approx(np.polyfit(sub["R"], sub["gap"], 1)[0], rel=1e-9)
+    assert "F8 (color)" in _section(html, "registered_tests")

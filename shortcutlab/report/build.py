@@ -228,7 +228,7 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         if analysis is not None:
             n_boot, seed, level = analysis["n_boot"], analysis["seed"], analysis["level"]
         interval = analysis.get("interval") or interval if analysis is not None else interval
-        est = _estimates(pred, analysis, n_boot, seed, level, interval)
+        est = _estimates(pred, folder.results, analysis, n_boot, seed, level, interval)
         sections, vtable = _sections(folder, est, n_boot, seed, level, examples, device)
     caught = _caught(w)
     intro = _intro(folder, n_boot, seed, level, interval) + [_registration_line(folder.path, analysis)]
@@ -238,16 +238,17 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
 
 
 # --- registration and the config's analysis settings (issue 23, item 5) -------------------
-def _estimates(pred: pd.DataFrame, analysis: dict | None, n_boot: int, seed: int, level: float,
-               interval: str = "cgm") -> pd.DataFrame:
-    """The estimates, with the analysis settings' keywords where given (only the registered
-    estimands kept where `estimates` cannot select them)."""
+def _estimates(pred: pd.DataFrame, results: pd.DataFrame | None, analysis: dict | None, n_boot: int, seed: int,
+               level: float, interval: str = "cgm") -> pd.DataFrame:
+    """The estimates of the predictions and the results (the slope of the gap on R, F8, needs
+    the parent probe's R), with the analysis settings' keywords where given (only the
+    registered estimands' rows kept): the same table `shortcutlab results` prints."""
     from shortcutlab.stats import estimates
     from shortcutlab.sweep.registration import estimates_options, keep_estimands
 
     if analysis is None:
-        return estimates(pred, None, n_boot=n_boot, level=level, seed=seed, interval=interval)
-    return keep_estimands(estimates(pred, None, **estimates_options(analysis)), analysis)
+        return estimates(pred, results, n_boot=n_boot, level=level, seed=seed, interval=interval)
+    return keep_estimands(estimates(pred, results, **estimates_options(analysis)), analysis)
 
 
 def _registration_line(path: str, analysis: dict | None = None) -> str:
