@@ -638,6 +638,7 @@ def cmd_control(args) -> int:
     print(f"deleted-signal control: {how}; {cfg.arch} retrained under the given split and a parent split; chance = {res.chance_rule}")
     for r in res.rows:
         print(_score_line(f"{r['split']} ({r['protocol']})", r))
+    print(f"verdict ({res.verdict}): {res.comparison['reading']}")
     with atomic_files() as stage:
         res.frame().to_csv(stage.path(os.path.join(args.out, "control.csv")), index=False)
         with open(stage.path(os.path.join(args.out, "control.json")), "w", encoding="utf-8") as f:

@@ -124,7 +124,14 @@ def test_cli_control_deletes_every_cell_by_default_on_a_synthetic_benchmark(tmp_
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert "masks: column 'all_cells_mask'" in out and "warning" not in out
-    assert json.loads((tmp_path / "a" / "control.json").read_text())["settings"]["mask"] == "all_cells_mask"
+    doc = json.loads((tmp_path / "a" / "control.json").read_text())
+    assert doc["settings"]["mask"] == "all_cells_mask"
+    # the verdict compares the two splits with each other, printed and recorded
+    assert doc["comparison"]["verdict"] in ("split leaks", "parent higher", "no difference")
+    assert f"verdict ({doc['comparison']['verdict']}): {doc['comparison']['reading']}" in out
+    csv = pd.read_csv(tmp_path / "a" / "control.csv")
+    assert csv["verdict"].tolist() == [doc["comparison"]["verdict"]] * 2
+    assert csv["difference"].iloc[0] == pytest.approx(csv["accuracy"].iloc[0] - csv["accuracy"].iloc[1])
     # The centred cell's mask, asked for by name: it runs, with the warning, recorded.
     assert main([*argv, "--out", str(tmp_path / "c"), "--mask", "mask"]) == 0
     out = capsys.readouterr().out
@@ -230,7 +237,7 @@ def _control(mechanism, delete):
         res = deleted_signal_control(crops, split, delete=delete, config=TrainConfig(**CONFIG))
     finally:
         torch.set_num_threads(threads)
-    return {r["split"]: r for r in res.rows}
+    return {r["split"]: dict(r, verdict=res.verdict) for r in res.rows}
 
 
 @pytest.mark.slow
@@ -241,6 +248,7 @@ def test_deleted_signal_stays_above_chance_only_under_the_crop_split(delete):
     assert given["protocol"] == "crop" and parent["protocol"] == "parent"
     assert given["above_chance"] and given["accuracy"] - given["chance"] > 0.15, given
     assert _not_above_chance(parent), parent
+    assert given["verdict"] == "split leaks", given     # the two splits compared with each other
 
 
 @pytest.mark.slow
@@ -253,3 +261,115 @@ def test_control_without_a_planted_signature_is_near_chance_under_both_splits(de
         r = rows[name]
         assert _not_above_chance(r), (name, r)
         assert r["ci_low"] <= r["chance"], (name, r)  # not above chance even on the (narrower) Wilson interval
+        assert r["verdict"] != "split leaks", (name, r)
+
+
+# ------------------------------------------------------------------------------ comparing the splits
+from shortcutlab.stats import cluster_bootstrap_difference, newcombe_interval, wilson_interval  # noqa: E402
+from shortcutlab.studies.control import compare_splits, control_verdict  # noqa: E402
+
+
+def _hand_wilson(k, n, z=1.959963984540054):
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def test_newcombe_interval_by_hand_and_against_statsmodels():
+    """0.80 - 0.45 on 300 crops each, Newcombe's method 10 written out from two hand-made
+    Wilson intervals (z = 1.96), and statsmodels' 'newcomb'."""
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    (l1, u1), (l2, u2) = _hand_wilson(240, 300), _hand_wilson(135, 300)
+    hand = (0.35 - np.hypot(0.80 - l1, u2 - 0.45), 0.35 + np.hypot(u1 - 0.80, 0.45 - l2))
+    assert hand == pytest.approx((0.2752, 0.4191), abs=1e-4)  # worked on paper: 0.35 -/+ 0.0748, 0.0691
+    assert newcombe_interval(240, 300, 135, 300) == pytest.approx(hand, abs=1e-12)
+    for k1, n1, k2, n2 in ((240, 300, 135, 300), (81, 150, 82, 150), (0, 20, 3, 40), (50, 50, 1, 7)):
+        ref = confint_proportions_2indep(k1, n1, k2, n2, method="newcomb", compare="diff")
+        assert newcombe_interval(k1, n1, k2, n2) == pytest.approx(tuple(map(float, ref)), abs=1e-10)
+    assert wilson_interval(240, 300) == pytest.approx(_hand_wilson(240, 300), abs=1e-12)
+    assert all(np.isnan(newcombe_interval(0, 0, 3, 10)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cluster_bootstrap_difference_against_the_normal_approximation(seed):
+    """Singleton clusters: the percentile interval of 0.80 - 0.45 (n = 300 each) is close to
+    d -/+ 1.96 sqrt(p1 q1 / n1 + p2 q2 / n2) = 0.35 -/+ 0.0722; siblings answered together
+    in parents of 10 widen it to the parents' own (30 per side): 0.35 -/+ 0.2283 (a binomial
+    over 30 parents). Margins 0.012 / 0.035 hold for seeds 0-2 and several more tried (0-9)."""
+    rng = np.random.default_rng(seed)
+    g, p = rng.permutation(np.r_[np.ones(240), np.zeros(60)]), rng.permutation(np.r_[np.ones(135), np.zeros(165)])
+    lo, hi = cluster_bootstrap_difference(g, np.arange(300), p, np.arange(300), seed=seed)
+    half = 1.959964 * np.sqrt(0.8 * 0.2 / 300 + 0.45 * 0.55 / 300)
+    assert (lo, hi) == pytest.approx((0.35 - half, 0.35 + half), abs=0.012)
+    # 24 of 30 parents all right (given), 13.5 -> 135 crops = 13 all right and one half right (parent)
+    gp = np.repeat(np.r_[np.ones(24), np.zeros(6)], 10)
+    pp_ = np.repeat(np.r_[np.ones(13), np.zeros(17)], 10)
+    pp_[130:135] = 1
+    parents = np.repeat(np.arange(30), 10)
+    lo, hi = cluster_bootstrap_difference(gp, parents, pp_, parents, seed=seed)
+    half = 1.959964 * np.sqrt(0.8 * 0.2 / 30 + 0.45 * 0.55 / 30)
+    assert (lo, hi) == pytest.approx((0.35 - half, 0.35 + half), abs=0.035)
+    assert all(np.isnan(cluster_bootstrap_difference([], [], p, np.arange(300))))
+
+
+def _sides(k1, n1, k2, n2, per_parent=4, seed=0):
+    """Correctness of two test sides with k1 of n1 and k2 of n2 right, in parents of
+    `per_parent` crops, shuffled."""
+    rng = np.random.default_rng(seed)
+    g = rng.permutation(np.r_[np.ones(k1, bool), np.zeros(n1 - k1, bool)])
+    p = rng.permutation(np.r_[np.ones(k2, bool), np.zeros(n2 - k2, bool)])
+    return g, np.arange(n1) // per_parent, p, np.arange(n2) // per_parent
+
+
+def _row(acc, above, chance=1 / 3):
+    return dict(accuracy=acc, chance=chance, above_chance=above)
+
+
+def test_control_verdict_equal_scores_are_no_leak_whatever_each_says_against_chance():
+    """The issue's case: 0.540 (81/150, 'above chance') under the user's split and 0.547
+    (82/150, 'not above chance' on its wider parent-cluster interval) under a parent split
+    score the same: not 'the split leaks'; a split above chance means the deletion left the
+    class signal."""
+    c = compare_splits(*_sides(81, 150, 82, 150))
+    assert c["difference"] == pytest.approx(81 / 150 - 82 / 150)
+    assert (c["newcombe_low"], c["newcombe_high"]) == pytest.approx((-0.11788, 0.10479), abs=1e-4)  # statsmodels' newcomb
+    assert c["cluster_low"] < 0 < c["cluster_high"]
+    v = control_verdict(c, _row(0.540, True), _row(0.547, False))
+    assert v["verdict"] == "no difference" and v["signal_left"]
+    assert not v["reading"].startswith("the split leaks") and "the two splits score alike" in v["reading"]
+    assert "the given split is above chance, so the deleted region did not remove the class signal" in v["reading"]
+    both = control_verdict(c, _row(0.540, True), _row(0.547, True))
+    assert both["verdict"] == "no difference" and "both splits are above chance" in both["reading"]
+    none = control_verdict(c, _row(0.340, False), _row(0.347, False))
+    assert none["verdict"] == "no difference" and not none["signal_left"] and "both are at chance" in none["reading"]
+
+
+def test_control_verdict_clear_leak_and_the_reverse():
+    """0.80 vs 0.45 on 300 crops each (parents of 3): both intervals lie above 0 (Newcombe's
+    by hand: 0.2752 to 0.4191), so the split leaks; swapped, the parent split scores higher."""
+    c = compare_splits(*_sides(240, 300, 135, 300, per_parent=3))
+    assert (c["newcombe_low"], c["newcombe_high"]) == pytest.approx((0.2752, 0.4191), abs=1e-4)
+    assert 0.15 < c["cluster_low"] < 0.35 < c["cluster_high"] < 0.55
+    v = control_verdict(c, _row(0.80, True), _row(0.45, False))
+    assert v["verdict"] == "split leaks" and not v["signal_left"]
+    assert v["reading"].startswith("the split leaks: ") and "difference +35.0 pp" in v["reading"]
+    v = control_verdict(c, _row(0.80, True), _row(0.45, True))
+    assert v["verdict"] == "split leaks" and v["signal_left"] and "the deletion also left some class signal" in v["reading"]
+    r = compare_splits(*_sides(135, 300, 240, 300, per_parent=3))
+    assert control_verdict(r, _row(0.45, False), _row(0.80, True))["verdict"] == "parent higher"
+
+
+def test_control_verdict_is_decided_on_the_printed_interval():
+    """A lower end of +0.04 pp prints '+0.0': the interval as printed includes 0, so the words
+    are 'no difference', as for a lower end of -0.04 pp (also printed '+0.0' / '-0.0')."""
+    words = set()
+    for low in (0.0004, -0.0004, 0.0):
+        c = dict(difference=0.05, newcombe_low=low, newcombe_high=0.1, cluster_low=low + 0.01, cluster_high=0.09, level=0.95)
+        words.add(control_verdict(c, _row(0.55, True), _row(0.50, True))["verdict"])
+    assert words == {"no difference"}
+    c = dict(difference=0.05, newcombe_low=0.0006, newcombe_high=0.1, cluster_low=0.01, cluster_high=0.09, level=0.95)
+    assert control_verdict(c, _row(0.55, True), _row(0.50, True))["verdict"] == "split leaks"  # prints +0.1
+    nan = dict(difference=np.nan, newcombe_low=np.nan, newcombe_high=np.nan, cluster_low=np.nan, cluster_high=np.nan)
+    assert control_verdict(nan, _row(np.nan, False), _row(0.5, False))["verdict"] == "undetermined"

@@ -23,7 +23,8 @@ effect), `effects` (interventions, protocol, diversity, the pooled H3 rows), `do
 (dose-response), `multiple` (Holm), `hypotheses` (the paper's labels H1-F8 and their registered
 families), `sensitivity` (sign-flip, per-seed t, binomial mixed model), `power` (variance
 components and simulated power),
-`intervals` (Wilson, chance level, parent-cluster bootstrap of one accuracy), `simulate`
+`intervals` (Wilson, chance level, parent-cluster bootstrap of one accuracy; Newcombe's interval
+and the parent-cluster bootstrap of a difference of two), `simulate`
 (predictions with a known effect), `units` (how a unit is printed) and `estimands` (the
 registry and `estimates`).
 
@@ -37,7 +38,8 @@ from .errors import StatsError, StatsWarning
 from .estimands import (ESTIMATE_COLUMNS, Estimand, EstimandContext, available_estimands, estimand_units, estimates,
                         get_estimand, read_row, register_estimand, unregister_estimand)
 from .factorial import LEAK_COLUMNS, factorial_rows, leak_effect
-from .intervals import against_chance, chance_level, cluster_bootstrap_interval, wilson_interval
+from .intervals import (against_chance, chance_level, cluster_bootstrap_difference, cluster_bootstrap_interval, newcombe_interval,
+                        wilson_interval)
 from .multiple import add_holm, holm
 from .predictions import EXPOSURES, PREDICTION_COLUMNS, check_predictions, correct_as_float
 from .simulate import simulate_factorial, true_leak_effect
@@ -59,6 +61,7 @@ __all__ = [
     "factorial_rows",
     "bootstrap_summary",
     "chance_level",
+    "cluster_bootstrap_difference",
     "cluster_bootstrap_interval",
     "dose_points",
     "dose_response",
@@ -66,6 +69,7 @@ __all__ = [
     "holm",
     "intervention_effect",
     "leak_effect",
+    "newcombe_interval",
     "protocol_effect",
     "simulate_factorial",
     "true_leak_effect",

@@ -5,9 +5,32 @@ parts that identify the group. Retrain. If the score stays high, the model was n
 useful information. It was recognising the group." (its toy: 98.3% under a random split,
 45.0% = chance under a group split). Here the recipe is retrained twice on crops whose label
 signal is gone, once under the user's split and once under a parent-disjoint split of the
-same table (protocol ``parent``, the user split's test fraction and seed), and each test
-accuracy is set against chance with a binomial interval. A split that lets siblings cross
-stays above chance when the acquisition is recognisable; the parent split should not.
+same table (protocol ``parent``, the user split's test fraction and seed), and the two test
+accuracies are compared WITH EACH OTHER (`compare_splits`, `control_verdict`). A split that
+lets siblings cross scores above a parent split when the acquisition is recognisable; each
+split's accuracy against chance is kept as a supporting column.
+
+The verdict (`control_verdict`), on the difference d = accuracy under the user's split minus
+accuracy under the parent split, with two 95% intervals: Newcombe's hybrid score interval
+(crops as independent trials, `stats.newcombe_interval`) and the parent-cluster bootstrap
+(each side's test parents resampled, `stats.cluster_bootstrap_difference`; siblings are
+answered together, so crops overstate the evidence). The lower end of d is the smaller of
+the two lower ends, the upper end the larger of the two upper ends:
+
+- ``split leaks``: the lower end is above 0: the user's split scores clearly above the parent
+  split with the class signal deleted, so its score can come from recognising acquisitions
+  (if the parent split is above chance too, the deletion also left some class signal);
+- ``parent higher``: the upper end is below 0 (no sign of a leak);
+- ``no difference``: the interval includes 0: the two splits score alike, so the split does
+  not leak by this control; if either split is above chance (by its parent-cluster interval),
+  the deleted region did not remove the class signal (check the mask and the fill), and if
+  neither is, the acquisitions are not recognisable to this model;
+- ``undetermined``: a split scored no crop.
+
+Two accuracies that read "above chance" and "not above chance" (0.540 and 0.547 on 150 crops
+each) are the same score: their difference's interval includes 0, and the verdict says so.
+The difference is of plain accuracies; each split's chance level is shown beside it (they
+differ only when the two test sides' class shares do).
 
 Two ways to delete the signal:
 
@@ -44,7 +67,8 @@ Two ways to delete the signal:
 Rows, one per split (``split`` = ``given`` or ``parent``): the fields of
 `shortcutlab.studies.litmus.score_row` (accuracy, k, n, chance = largest class share of the scored
 test labels, Wilson interval, above_chance, p_value, training accuracy) plus the split's
-protocol and SHA-256.
+protocol and SHA-256. The comparison (`ControlResult.comparison`) holds d, both intervals, the
+verdict and its sentence.
 """
 
 from __future__ import annotations
@@ -63,6 +87,7 @@ from shortcutlab.models.recipe import TrainConfig
 from shortcutlab.data.table import CropTable
 
 DELETIONS: tuple[str, ...] = ("cell", "labels")
+VERDICTS: tuple[str, ...] = ("split leaks", "parent higher", "no difference", "undetermined")
 FILLS: tuple[str, ...] = ("constant", "mean", "noise")
 
 
@@ -239,11 +264,24 @@ class ControlResult:
     settings: dict
     chance_rule: str = "largest class share of the scored test labels (1/K on a balanced test side, never below 1/K)"
     notes: list = field(default_factory=list)
+    comparison: dict = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        """One of `VERDICTS` ('' when the comparison was not made)."""
+        return self.comparison.get("verdict", "")
 
     def frame(self):
+        """The rows, one per split, each with the comparison's verdict, difference (given minus
+        parent) and its interval (the verdict's: spanning the two) beside it."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows)
+        out = pd.DataFrame(self.rows)
+        if self.comparison:
+            lo, hi = _ends(self.comparison)
+            out = out.assign(verdict=self.verdict, difference=self.comparison["difference"], difference_ci_low=lo,
+                             difference_ci_high=hi)
+        return out
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -303,16 +341,108 @@ def deleted_signal_control(crops: CropImages, split: SplitManifest, delete: Lite
     else:
         data, cell_settings = relabelled_crops(crops, seed), {}
     ref = reference if reference is not None else reference_split(crops.table, split, cell, seed)
-    rows = []
+    rows, fits = [], []
     for name, s, c in (("given", split, cell), ("parent", ref, None)):
         fit = retrain_and_score(data, s, config, cell=c, progress=progress)
+        fits.append(fit)
         rows.append({"split": name, "protocol": s.protocol, "split_sha256": s.hash, "delete": delete, **score_row(fit)})
+    correct = [(f["test_labels"] == f["test_pred"], f["test_parents"]) for f in fits]
+    comparison = compare_splits(*correct[0], *correct[1])
+    comparison.update(control_verdict(comparison, rows[0], rows[1]))
     settings = {"delete": delete, "seed": seed, "cell": cell, "given_split": {"protocol": split.protocol, "params": split.params, "sha256": split.hash},
                 "reference_split": {"protocol": ref.protocol, "params": ref.params, "sha256": ref.hash}}
     settings.update(cell_settings)
     if delete == "labels":
         notes.append("labels permuted within parent: every parent's crops relabelled through that parent's own random permutation of the classes")
-    return ControlResult(rows=rows, delete=delete, config=asdict(config), settings=settings, notes=notes)
+    return ControlResult(rows=rows, delete=delete, config=asdict(config), settings=settings, notes=notes, comparison=comparison)
+
+
+def compare_splits(correct_given, parents_given, correct_parent, parents_parent, level: float = 0.95, n_boot: int = 2000,
+                   seed: int = 0) -> dict:
+    """The difference of the two splits' test accuracies, with both intervals of the verdict.
+
+    Args:
+        correct_given, parents_given: (n1,) correctness and parent of each test crop scored
+            under the user's split.
+        correct_parent, parents_parent: (n2,) under the parent split.
+        level, n_boot, seed: the intervals' coverage, the bootstrap's draws and seed.
+
+    Returns:
+        dict: ``difference`` (fraction), ``newcombe_low``/``newcombe_high``
+        (`stats.newcombe_interval`), ``cluster_low``/``cluster_high``
+        (`stats.cluster_bootstrap_difference`), ``level``.
+    """
+    from shortcutlab.stats import cluster_bootstrap_difference, newcombe_interval
+
+    g, p = np.asarray(correct_given, dtype=bool), np.asarray(correct_parent, dtype=bool)
+    n1, n2 = len(g), len(p)
+    d = float(g.mean() - p.mean()) if n1 and n2 else float("nan")
+    lo, hi = newcombe_interval(int(g.sum()), n1, int(p.sum()), n2, level)
+    clo, chi = cluster_bootstrap_difference(g, parents_given, p, parents_parent, level=level, n_boot=n_boot, seed=seed)
+    return {"difference": d, "newcombe_low": lo, "newcombe_high": hi, "cluster_low": clo, "cluster_high": chi, "level": level}
+
+
+def _shown(x: float) -> float:
+    """A difference as the reading prints it, in pp (one decimal; nan stays nan)."""
+    return float("nan") if x != x else float(f"{100 * x:+.1f}") / 100
+
+
+def _ends(comparison: dict) -> tuple[float, float]:
+    """The verdict's interval: the smaller lower end and the larger upper end of the two (nan
+    where neither is there)."""
+    lows = [v for v in (comparison.get("newcombe_low"), comparison.get("cluster_low")) if v == v and v is not None]
+    highs = [v for v in (comparison.get("newcombe_high"), comparison.get("cluster_high")) if v == v and v is not None]
+    return (min(lows) if lows else float("nan"), max(highs) if highs else float("nan"))
+
+
+def control_verdict(comparison: dict, given: dict, parent: dict) -> dict:
+    """The control's verdict from the two splits' comparison (see the module docstring).
+
+    Args:
+        comparison: `compare_splits`' dict (difference and the two intervals, fractions).
+        given, parent: the two splits' score rows (``accuracy``, ``chance``, ``above_chance``).
+
+    Returns:
+        dict: ``verdict`` (one of `VERDICTS`), ``signal_left`` (bool: a split is above chance
+        though the split does not leak, or the parent split is above chance), ``reading``
+        (the sentence).
+
+    Example:
+        >>> c = {"difference": -0.007, "newcombe_low": -0.118, "newcombe_high": 0.105,
+        ...      "cluster_low": -0.15, "cluster_high": 0.14}
+        >>> control_verdict(c, dict(accuracy=0.540, chance=0.333, above_chance=True),
+        ...                 dict(accuracy=0.547, chance=0.333, above_chance=False))["verdict"]
+        'no difference'
+    """
+    lo, hi = (_shown(v) for v in _ends(comparison))   # decided on the numbers as printed (0.1 pp)
+    d = comparison.get("difference", float("nan"))
+    scores = (f"{given['accuracy']:.3f} under the given split and {parent['accuracy']:.3f} under the parent split "
+              f"(chance {given['chance']:.3f} / {parent['chance']:.3f})")
+    if d != d or lo != lo or hi != hi:
+        return {"verdict": "undetermined", "signal_left": False,
+                "reading": f"undetermined: a split scored no test crop ({scores})"}
+    level = comparison.get("level", 0.95)
+    diff = (f"difference {100 * d:+.1f} pp, {level:.0%} CI {100 * lo:+.1f} to {100 * hi:+.1f} pp "
+            "(spanning Newcombe's and the parent-cluster bootstrap's intervals)")
+    any_above = bool(given["above_chance"]) or bool(parent["above_chance"])
+    if lo > 0:
+        text = (f"the split leaks: with the class signal deleted the given split scores above the parent split, "
+                f"{scores}; {diff}")
+        if parent["above_chance"]:
+            text += "; the parent split is above chance too, so the deletion also left some class signal"
+        return {"verdict": "split leaks", "signal_left": bool(parent["above_chance"]), "reading": text}
+    if hi < 0:
+        return {"verdict": "parent higher", "signal_left": any_above,
+                "reading": f"no sign that the split leaks: the parent split scores above the given split, {scores}; {diff}"}
+    text = f"no sign that the split leaks: the two splits score alike, {scores}; {diff}"
+    if any_above:
+        which = ("both splits are" if given["above_chance"] and parent["above_chance"] else
+                 f"the {'given' if given['above_chance'] else 'parent'} split is")
+        text += (f"; {which} above chance, so the deleted region did not remove the class signal (check the mask and "
+                 "the fill)")
+    else:
+        text += "; both are at chance: the acquisitions are not recognisable to this model"
+    return {"verdict": "no difference", "signal_left": any_above, "reading": text}
 
 
 def _cell_deleted(crops: CropImages, side: np.ndarray, config: TrainConfig, fill: str, dilate: int, seed: int,
