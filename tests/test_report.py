@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from shortcutlab.report import build_report, leak_reading, removal_verdict, validity_table
-from shortcutlab.report.readings import gradcam_reading, pp
+from shortcutlab.report.readings import gradcam_reading, leak_phrase, pp
+from shortcutlab.stats.units import pp_number
 from shortcutlab.stats import ESTIMATE_COLUMNS, simulate_factorial
 
 SECTIONS = ("audit", "accuracy", "leak_effect", "validity", "dose_response", "gradcam", "examples")
@@ -84,6 +85,140 @@ def test_leak_reading_no_leak_and_no_interval():
 ])
 def test_removal_verdict_rules(args, verdict):
     assert removal_verdict(*args) == verdict
+
+
+# --- the rule table (readings' module docstring) on constructed rows ----------------------------------
+
+@pytest.mark.parametrize("args,verdict", [
+    # cut, cut_low, cut_high, share, leak, leak_low, leak_high, clean_cost
+    # the issue's quick demo: a -3.3 pp leak under `none`; a blur costing clean models -0.8 pp
+    # (a gain) was "uninformative (more than the leak)". A negative leak has nothing to remove.
+    ((0.01, -0.01, 0.03, -0.3, -0.033, -0.05, -0.016, -0.008), "no leak"),
+    ((0.01, -0.01, 0.03, -0.3, -0.033, -0.05, -0.016, 0.02), "no leak"),       # cost above the (negative) leak
+    ((0.01, -0.01, 0.03, 1.87, 0.005, -0.02, 0.03, 0.15), "no leak"),          # no leak, whatever the cost
+    ((0.01, -0.01, 0.03, 0.2, 0.05, 0.0004, 0.09, 0.0), "no leak"),            # leak's low end prints +0.0
+    ((0.01, np.nan, np.nan, 0.2, 0.05, np.nan, np.nan, 0.15), "unclear"),      # no interval: neither leak nor not
+    ((0.01, 0.0, 0.02, 0.2, np.nan, np.nan, np.nan, 0.0), "unclear"),          # no leak estimate
+    ((0.09, 0.05, 0.13, 0.70, 0.13, 0.09, 0.17, -0.05), "removed"),            # a gain never exceeds a leak
+    ((0.09, 0.05, 0.13, 0.70, 0.13, 0.09, 0.17, 0.1304), "removed"),           # cost prints 13.0 = the leak's 13.0
+    ((0.09, 0.05, 0.13, 0.70, 0.13, 0.09, 0.17, 0.1306), "uninformative"),     # prints 13.1 > 13.0
+    ((0.06, 0.01, 0.11, 0.496, 0.13, 0.09, 0.17, 0.0), "removed"),             # share prints 50%
+    ((0.06, 0.01, 0.11, 0.494, 0.13, 0.09, 0.17, 0.0), "partly removed"),      # share prints 49%
+    ((0.06, 0.01, 0.11, np.nan, 0.13, 0.09, 0.17, 0.0), "partly removed"),     # share unknown
+    ((0.01, 0.0004, 0.02, 0.1, 0.13, 0.09, 0.17, 0.0), "not removed"),         # cut's low end prints +0.0
+    ((-0.01, -0.02, -0.0006, -0.1, 0.13, 0.09, 0.17, 0.0), "increased"),       # high end prints -0.1
+    ((0.0003, 0.0001, 0.0004, 0.0, 0.13, 0.09, 0.17, 0.0002), "no change"),    # prints +0.0 (+0.0 to +0.0), cost +0.0
+    ((0.0, 0.0, 0.0, 0.0, np.nan, np.nan, np.nan, 0.0), "no change"),          # a no-op says so even without a leak
+])
+def test_every_rule_of_the_table(args, verdict):
+    assert removal_verdict(*args) == verdict
+
+
+def _printed(*xs):
+    return tuple(pp_number(x) if not np.isnan(x) else "nan" for x in xs)
+
+
+def test_same_printed_numbers_get_the_same_words():
+    """Rows on a 0.1 pp grid (shares on 1%), each moved by less than the printed resolution
+    (+-0.04 pp, +-0.4%): every pair prints alike (checked) and reads alike. 3000 rows of one
+    seed; the grid includes the edges (0.0, the leak itself, 50%) where rounding decides."""
+    from shortcutlab.report.readings import moves_verdict
+    from shortcutlab.stats.units import pct
+
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        g = rng.integers(-30, 31, size=6) / 1000          # cut, cut_low, cut_high, leak, leak_low, leak_high on 0.1 pp
+        lo, hi = sorted(g[1:3])
+        leak_lo, leak_hi = sorted(g[4:6])
+        base = [g[0], lo, hi, rng.integers(0, 101) / 100, g[3], leak_lo, leak_hi, rng.integers(-30, 31) / 1000]
+        moved = [v + rng.uniform(-0.0004, 0.0004) for v in base]
+        moved[3] = base[3] + rng.uniform(-0.004, 0.004)
+        assert _printed(*[base[i] for i in (0, 1, 2, 4, 5, 6, 7)]) == _printed(*[moved[i] for i in (0, 1, 2, 4, 5, 6, 7)])
+        assert pct(base[3]) == pct(moved[3])
+        assert removal_verdict(*base) == removal_verdict(*moved), (base, moved)
+        assert moves_verdict(lo, hi) == moves_verdict(moved[1], moved[2])
+    # the issue's pair: '-0.1 (-0.1 to +0.0)' read "does not move" once and "moves negligibly" once
+    a, b = (-0.0012, 0.0004), (-0.0009, -0.0001)
+    assert _printed(*a) == _printed(*b) == ("-0.1", "+0.0")
+    assert moves_verdict(*a) == moves_verdict(*b) == "does not move"
+
+
+def test_leak_status_and_words_for_every_case():
+    from shortcutlab.report.readings import leak_words, share_note
+    from shortcutlab.stats.estimands import leak_status
+
+    cases = {  # estimate, ci_low, ci_high -> status, words in the phrase
+        (0.13, 0.091, 0.168): ("leak", "the leak is +13.0 pp (95% CI +9.1 to +16.8 pp)"),
+        (0.012, -0.02, 0.04): ("no leak", "the leak is +1.2 pp (95% CI -2.0 to +4.0 pp), not distinguishable from zero"),
+        (0.01, 0.0004, 0.02): ("no leak", "the leak is +1.0 pp (95% CI +0.0 to +2.0 pp), not distinguishable from zero"),
+        (-0.033, -0.05, -0.016): ("negative", "the leak is -3.3 pp (95% CI -5.0 to -1.6 pp): the clean models score "
+                                              "higher than the leak models"),
+        (0.1, np.nan, np.nan): ("no interval", "the leak is +10.0 pp (no interval: "),
+        (np.nan, np.nan, np.nan): ("no estimate", "the leak could not be estimated"),
+    }
+    for (e, lo, hi), (status, words) in cases.items():
+        row = dict(estimate=e, ci_low=lo, ci_high=hi, reason="")
+        assert leak_status(e, lo, hi) == status
+        assert leak_phrase(row).startswith(words), leak_phrase(row)
+        assert (leak_words(row) == "a leak") == (status == "leak")
+        assert (share_note(e, lo, hi) == "") == (status == "leak")
+    assert "no leak" not in leak_phrase(dict(estimate=-0.033, ci_low=-0.05, ci_high=-0.016))
+    assert leak_words(dict(estimate=-0.033, ci_low=-0.05, ci_high=-0.016)) == "the clean models score higher"
+
+
+def test_negative_leak_reading_reads_no_intervention_against_it():
+    est = _est([dict(estimand="leak", intervention="none", estimate=-0.033, ci_low=-0.05, ci_high=-0.016),
+                *_intervention("low_pass:sigma=2.0", (0.01, -0.01, 0.03), (-0.3, -2.0, 8.67), (-0.008, -0.02, 0.004))])
+    assert leak_reading(est, "color", "high") == (
+        "color, high diversity, r18: the leak is -3.3 pp (95% CI -5.0 to -1.6 pp): the clean models score higher than "
+        "the leak models; the interventions are not read against it.")
+    # a no-op next to it still says it changed nothing
+    est = pd.concat([est, _est(_intervention("background_removal", (0.0, 0.0, 0.0), (0.0, np.nan, np.nan), (0.0, 0.0, 0.0)))])
+    text = leak_reading(est, "color", "high")
+    assert "background removal changes no accuracy here" in text and "low-pass blur (sigma=2.0): no leak to remove" in text
+    assert "uninformative" not in text
+
+
+def test_unclear_reading_says_why():
+    est = _est([dict(estimand="leak", intervention="none", estimate=0.1, ci_low=np.nan, ci_high=np.nan, reason="1 seed(s)"),
+                *_intervention("greyscale", (0.03, 0.01, 0.05), (0.3, 0.1, 0.5), (0.2, 0.1, 0.3))])
+    assert "greyscale cuts it by +3.0 pp, 95% CI +1.0 to +5.0 pp (not read: the leak has no interval)" in leak_reading(
+        est, "color", "high")
+
+
+def test_shares_are_shown_only_against_a_leak():
+    """The issue's '187% (-200% to 867%)' under a leak whose interval includes 0: blank in the
+    validity table and in its display, with the reason; kept under a leak."""
+    from shortcutlab.report.build import validity_display
+
+    rows = [dict(estimand="leak", intervention="none", estimate=0.005, ci_low=-0.02, ci_high=0.03, condition="none"),
+            *[dict(r, condition="none") for r in _intervention("greyscale", (0.0094, -0.02, 0.04), (1.87, -2.0, 8.67),
+                                                                (0.01, 0.0, 0.02))],
+            dict(estimand="leak", intervention="none", estimate=-0.033, ci_low=-0.05, ci_high=-0.016, condition="neg"),
+            *[dict(r, condition="neg") for r in _intervention("greyscale", (0.01, -0.01, 0.03), (-0.3, -2.0, 8.67),
+                                                               (0.01, 0.0, 0.02))],
+            dict(estimand="leak", intervention="none", estimate=0.13, ci_low=0.09, ci_high=0.17, condition="color"),
+            *_intervention("greyscale", (0.09, 0.05, 0.13), (0.70, 0.45, 0.95), (0.01, -0.01, 0.03))]
+    v = validity_table(_est(rows)).set_index("condition")
+    assert np.isnan(v.loc["none", "share"]) and np.isnan(v.loc["none", "share_ci_high"]) and np.isnan(v.loc["neg", "share"])
+    assert v.loc["color", "share"] == pytest.approx(0.70) and v.loc["color", "share_ci_low"] == pytest.approx(0.45)
+    assert v["verdict"].to_dict() == {"color": "removed", "neg": "no leak", "none": "no leak"}
+    shown = validity_display(v.reset_index()).set_index("condition")["share of leak removed (CI)"].to_dict()
+    assert shown == {"color": "70% (45% to 95%)", "neg": "no share: the clean models score higher",
+                     "none": "no share: no leak (its interval includes 0)"}
+
+
+def test_the_rule_table_is_written_once_and_the_notes_use_it():
+    from shortcutlab.report import readings
+    from shortcutlab.report.readings import VERDICT_RULES, verdict_notes
+
+    verdicts = {"no change", "unclear", "no leak", "uninformative", "removed", "partly removed", "increased", "not removed",
+                "moves", "moves negligibly", "does not move", "n/a"}
+    assert set(VERDICT_RULES) == verdicts
+    notes = verdict_notes()
+    for v in verdicts:
+        assert f"'{v}' (" in notes
+        assert f"\n{v} " in readings.__doc__ or f" {v} " in readings.__doc__, v
 
 
 def test_pp_and_gradcam_reading():
@@ -216,7 +351,8 @@ def test_report_readings_match_the_predictions(simulated_report):
     assert "Reinhard transfer to an unseen field removes 100% of it (no interval)" in section
     assert "<br>none, high diversity, a: the leak is" in section  # one line per condition
     # background removal: the predictions are the unaltered ones, so no accuracy changes
-    assert "background removal changes no accuracy here (it leaves these crops as they were)" in section
+    assert ("background removal changes no accuracy here (cut and clean-model cost 0.0 pp: it leaves these crops as "
+            "they were)") in section
     g = pred[(pred["condition"] == "color") & (pred["exposure"] == "clean")]
     cost = g[g["intervention"] == "none"]["correct"].mean() - g[g["intervention"] == "greyscale"]["correct"].mean()
     assert cost > leak
@@ -233,7 +369,8 @@ def test_moves_verdict_needs_an_interval_off_zero_and_a_size():
     from shortcutlab.report.readings import moves_verdict
     assert moves_verdict(0.02, 0.05) == "moves"
     assert moves_verdict(-0.05, -0.005) == "moves"               # reaches 5 points
-    assert moves_verdict(-0.000048, -0.000007) == "moves negligibly"  # the validity run's Grad-CAM row
+    assert moves_verdict(-0.000048, -0.000007) == "does not move"     # the validity run's Grad-CAM row prints -0.0 to -0.0
+    assert moves_verdict(-0.008, -0.002) == "moves negligibly"        # prints -0.8 to -0.2: off zero, within 1 point
     assert moves_verdict(-0.01, 0.02) == "does not move"
     assert moves_verdict(float("nan"), 0.1) == "n/a"
 

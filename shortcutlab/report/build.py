@@ -39,13 +39,22 @@ def validity_display(table: pd.DataFrame) -> pd.DataFrame:
             "leak (pp, CI)": f"{pp_number(r.leak)} ({_ci(r.leak_ci_low, r.leak_ci_high)})",
             "intervention / diagnostic": item,
             "effect (pp, CI)": f"{pp_number(r.estimate)} ({_ci(r.ci_low, r.ci_high)})" if not is_nan(r.estimate) else "n/a",
-            "share of leak removed (CI)": (f"{rd.pct(r.share)} ({_ci(r.share_ci_low, r.share_ci_high, '%')})"
-                                           if not is_nan(r.share) else ""),
+            "share of leak removed (CI)": _share_cell(r),
             "clean-model cost (pp, CI)": (f"{pp_number(r.clean_cost)} ({_ci(r.cost_ci_low, r.cost_ci_high)})"
                                           if not is_nan(r.clean_cost) else ""),
             "verdict": r.verdict,
         })
     return pd.DataFrame(rows)
+
+
+def _share_cell(r) -> str:
+    """The share removed with its interval; where the leak is not a leak, why none is shown
+    (`readings.share_note`); '' for a row without a share (a diagnostic)."""
+    if not is_nan(r.share):
+        return f"{rd.pct(r.share)} ({_ci(r.share_ci_low, r.share_ci_high, '%')})"
+    if r.kind in ("intervention", "erasure"):
+        return rd.share_note(r.leak, r.leak_ci_low, r.leak_ci_high)
+    return ""
 
 
 def validity_section(est: pd.DataFrame, results: pd.DataFrame | None, n_boot: int, seed: int, level: float) -> tuple[Section, pd.DataFrame]:
@@ -55,10 +64,9 @@ def validity_section(est: pd.DataFrame, results: pd.DataFrame | None, n_boot: in
         return left_out(key, title, "the estimates hold no leak (no factorial, or no estimate)"), table
     sec = Section(key, title, reading=validity_reading(table), table=validity_display(table))
     sec.notes.append("Effects are leak minus clean, in pp; an intervention's effect is the leak cut (leak on unaltered "
-                     "crops minus leak under it). Verdicts: 'removed' (cut's interval above 0, share >= 50%), 'partly "
-                     "removed' (interval above 0, share < 50%), 'not removed' (interval includes 0), 'increased' (interval "
-                     "below 0), 'uninformative' (its accuracy cost on clean models exceeds the leak), 'no leak' (the leak's "
-                     "interval includes 0), 'no change' (cut, its interval and the clean cost all exactly 0: the intervention changed no accuracy); a diagnostic 'moves' when its seed-paired leak-minus-clean interval excludes 0 and reaches 1 point ('moves negligibly' when it stays within 1 point of 0).")
+                     "crops minus leak under it); the share of the leak removed is shown only where the leak's interval "
+                     "lies above 0.")
+    sec.notes.append(rd.verdict_notes())
     return sec, table
 
 

@@ -5,40 +5,73 @@ from the results rows, and printed in percentage points (pp, one decimal) or per
 interval is the table's (95% by default) two-way interval (CGM by default, or the pigeonhole
 bootstrap's percentile interval; `shortcutlab.stats.estimates`' `interval`).
 
-The rules, stated once and used everywhere:
+The rules, stated once and used everywhere (the validity table's notes are built from
+`VERDICT_RULES`, which states the same table in one line per verdict).
 
-- **A leak** is called a leak when its interval excludes zero ("the leak is +13.0 pp (95% CI
-  +9.1 to +16.8 pp)"); otherwise the sentence adds "not distinguishable from zero", and the
-  interventions are not read against it ("no leak to remove").
-- **An intervention's verdict** (`removal_verdict`), from the leak cut (leak under the
-  unaltered crops minus leak under the intervention), its interval and the share removed
-  (cut / leak):
+**Decided on the numbers as printed.** Every comparison below is made on the value as the
+report prints it (pp with one decimal, `units.pp_shown`; shares in whole percent,
+`units.pct_shown`), so two rows that print alike always read alike: an interval printed
+"-0.1 to +0.0" includes zero whatever the digits behind it.
 
-  0. ``no change`` when the cut, both ends of its interval and the clean-model cost are all
-     exactly zero, or the cut and cost are exactly zero and the cut has no interval while the
-     leak has one (the statistics give none where the resamples do not vary; with one seed
-     neither has one, which stays "unclear"): the intervention changed no accuracy in any
-     resample, which happens when it
-     leaves the crops as they were (background removal on models whose backgrounds are
-     already masked); nothing can be read from it about the leak;
-  1. ``uninformative`` when its accuracy cost on clean models exceeds the leak (the cost
-     point estimate is larger than the leak point estimate): the intervention damages the
-     crops more than the leak is worth, so a cut of the leak says little;
-  2. ``unclear`` when the leak or the cut has no interval (one seed, one parent): a leak
-     without an interval is neither called a leak nor "no leak";
-  3. ``no leak`` when the leak's interval includes zero;
-  4. ``removed`` when the cut's interval lies above zero and the share removed is at least
-     50%;
-  5. ``partly removed`` when the cut's interval lies above zero and the share is below 50%;
-  6. ``increased`` when the cut's interval lies below zero (the leak grows);
-  7. ``not removed`` otherwise (the cut's interval includes zero).
+**The leak** (leak minus clean accuracy, `leak_status`, worded by `leak_phrase` and
+`leak_words`):
 
-- **A diagnostic moves with the leak** (`moves_verdict`) when its leak-minus-clean
-  difference, paired by seed, has an interval that excludes zero and reaches at least 1 point
-  (0.01 on the diagnostic's own 0-1 scale: R and the Grad-CAM outside mass are fractions);
-  ``moves negligibly`` when the interval excludes zero but lies entirely within 1 point of it
-  (a tight interval around a difference of thousandths of a point); ``does not move`` when
-  the interval includes zero; ``n/a`` without an interval.
+==============  ===============================  ===========================================
+status          when                             words
+==============  ===============================  ===========================================
+leak            interval above 0                 "the leak is +13.0 pp (95% CI ...)"
+no leak         interval includes 0              "..., not distinguishable from zero"
+negative        interval below 0                 "...: the clean models score higher than
+                                                 the leak models" (never "no leak")
+no interval     estimate, no interval            "the leak is +10.0 pp (no interval: why)":
+                (one seed, too few parents)      neither a leak nor "no leak"
+no estimate     no estimate                      "the leak could not be estimated (why)"
+==============  ===============================  ===========================================
+
+**An intervention on the leak** (`removal_verdict`): the cut is leak on unaltered crops minus
+leak under the intervention, the share removed is cut / leak, the clean cost is the
+intervention's accuracy cost on clean models (positive = a loss, negative = a gain). The first
+rule that holds gives the verdict:
+
+==  ==============  ============================================================================
+#   verdict         when
+==  ==============  ============================================================================
+0   no change       cut, both ends of its interval and the clean cost all print 0.0 (or the cut
+                    and cost print 0.0 and the cut has no interval while the leak has one:
+                    the statistics give none where no resample varies): the intervention
+                    changed no accuracy, e.g. background removal on already masked
+                    backgrounds; it says nothing about the leak, whatever the leak is
+1   unclear         the leak has no interval (or no estimate)
+2   no leak         the leak's status is ``no leak`` or ``negative``: there is nothing to
+                    remove, and the intervention is not read against it ("no leak to
+                    remove"), whatever its cost
+3   uninformative   (a leak, interval above 0, from here on) the clean cost exceeds the leak
+                    (point estimates): the intervention damages the crops more than the leak is
+                    worth, so its cut says little. A negative cost (a gain) never does
+4   unclear         the cut has no interval
+5   removed         the cut's interval lies above 0 and the share removed is at least 50%
+    partly removed  the cut's interval lies above 0 and the share is below 50% (or unknown)
+6   increased       the cut's interval lies below 0: the leak grows under the intervention
+7   not removed     otherwise: the cut's interval includes 0
+==  ==============  ============================================================================
+
+**The share of the leak removed** is stated only where the leak is a leak (status ``leak``):
+elsewhere it divides by a leak that may be zero or negative ("187% (-200% to 867%)") and is
+left blank with the reason (`share_note`).
+
+**A diagnostic moving with the leak** (`moves_verdict`), on its leak-minus-clean
+difference, paired by seed, on its own 0-1 scale (R, the Grad-CAM outside mass) printed in
+points:
+
+================  ===========================================================================
+verdict           when
+================  ===========================================================================
+n/a               no interval (too few seeds, or the seeds' values do not vary)
+does not move     the interval includes 0 (as printed)
+moves negligibly  the interval excludes 0 but both ends lie within 1 point (0.01) of it
+moves             the interval excludes 0 and one end reaches 1 point
+================  ===========================================================================
+
 - **The dose-response slope** (the models' leak gap on R, per 0.1 of R) is given with its
   seed-bootstrap interval from three seeds up; with two, half the resamples hold one seed
   and have no slope, and the rest repeat the estimate, so no interval is stated.
@@ -53,14 +86,16 @@ from __future__ import annotations
 import pandas as pd
 
 from shortcutlab.stats import get_estimand
+from shortcutlab.stats.estimands import leak_status
 from shortcutlab.stats.hypotheses import HYPOTHESES
-from shortcutlab.stats.units import ci_pct, ci_pp, is_nan, pct, pp, pp_number
+from shortcutlab.stats.units import ci_pct, ci_pp, is_nan, pct, pct_shown, pp, pp_number, pp_shown
 
 #: How the report names the unaltered crops (setting "none"); interventions name themselves
 #: with their class's `label` (`intervention_label`).
 NONE_LABEL = "the unaltered crops"
 
 REMOVED_SHARE = 0.5      # "removed" from this share of the leak up (with the cut's interval above 0)
+NEGLIGIBLE = 0.01        # a diagnostic "moves" when its interval reaches this far from 0 (1 point)
 HEAD_CHECK_RHO = 0.5     # Grad-CAM maps "change with the head" below this median Spearman rho
 SAME_MASS = 0.05         # outside mass "the same as a randomised head's" within this difference
 
@@ -120,8 +155,36 @@ def intervention_label(setting: str) -> str:
     return f"{text} ({params})" if params else text
 
 
-def _excludes_zero(lo, hi) -> bool:
-    return not (_nan(lo) or _nan(hi)) and (lo > 0 or hi < 0)
+#: The verdicts, one line each: the rule table of the module docstring, for the report's notes.
+VERDICT_RULES: dict[str, str] = {
+    "no change": "cut, its interval and the clean-model cost all 0.0 pp: the intervention changed no accuracy",
+    "unclear": "the leak (or the cut) has no interval",
+    "no leak": "the leak's interval includes 0 or lies below it: nothing to remove",
+    "uninformative": "against a leak (interval above 0): its clean-model cost exceeds the leak",
+    "removed": "cut's interval above 0 and share removed >= 50%",
+    "partly removed": "cut's interval above 0, share < 50%",
+    "increased": "cut's interval below 0: the leak grows",
+    "not removed": "cut's interval includes 0",
+    "moves": "a diagnostic's leak-minus-clean interval excludes 0 and reaches 1 point",
+    "moves negligibly": "excludes 0 but stays within 1 point of it",
+    "does not move": "its interval includes 0",
+    "n/a": "no interval",
+}
+
+#: How `leak_words` names each `leak_status`.
+LEAK_WORDS = {"leak": "a leak", "no leak": "no leak (its interval includes 0)",
+              "negative": "the clean models score higher", "no interval": "no interval (too few seeds or parents)",
+              "no estimate": "no estimate"}
+
+
+def verdict_notes() -> str:
+    """The verdicts and their rules in one sentence (`VERDICT_RULES`), for a table's notes."""
+    return ("Verdicts, decided on the numbers as printed: "
+            + "; ".join(f"'{k}' ({v})" for k, v in VERDICT_RULES.items()) + ".")
+
+
+def _shown_excludes_zero(lo, hi) -> bool:
+    return not (_nan(lo) or _nan(hi)) and (pp_shown(lo) > 0 or pp_shown(hi) < 0)
 
 
 # --- leak and interventions ------------------------------------------------------------------
@@ -130,6 +193,19 @@ def leak_phrase(row, level: float = 0.95) -> str:
     """'the leak is +13.0 pp (95% CI +9.1 to +16.8 pp)', with the caveats of the rules: the
     reading registered with the ``leak`` estimand (`shortcutlab.stats.get_estimand`)."""
     return get_estimand("leak").read(row, level)
+
+
+def leak_words(row) -> str:
+    """What a leak row is, in a few words ('a leak', 'the clean models score higher',
+    ...): `LEAK_WORDS` of its `leak_status` (row: a mapping with estimate, ci_low, ci_high)."""
+    return LEAK_WORDS[leak_status(row["estimate"], row["ci_low"], row["ci_high"])]
+
+
+def share_note(leak: float, leak_low: float, leak_high: float) -> str:
+    """'' where a share of this leak removed is stated (the leak's interval lies above 0);
+    otherwise why it is not, e.g. 'no share: no leak'."""
+    status = leak_status(leak, leak_low, leak_high)
+    return "" if status == "leak" else f"no share: {LEAK_WORDS[status]}"
 
 
 def removal_verdict(cut: float, cut_low: float, cut_high: float, share: float, leak: float, leak_low: float,
@@ -143,21 +219,25 @@ def removal_verdict(cut: float, cut_low: float, cut_high: float, share: float, l
         clean_cost: the intervention's accuracy cost on clean models (fraction; positive = a loss).
 
     Returns:
-        One of 'no change', 'uninformative', 'no leak', 'unclear', 'removed', 'partly removed',
+        One of 'no change', 'unclear', 'no leak', 'uninformative', 'removed', 'partly removed',
         'increased', 'not removed'.
     """
-    no_spread = (cut_low == 0 and cut_high == 0) or (_nan(cut_low) and _nan(cut_high) and not _nan(leak_low))
-    if cut == 0 and no_spread and clean_cost == 0:
+    cut_s, lo_s, hi_s, cost_s = pp_shown(cut), pp_shown(cut_low), pp_shown(cut_high), pp_shown(clean_cost)
+    status = leak_status(leak, leak_low, leak_high)
+    no_spread = (lo_s == 0 and hi_s == 0) or (_nan(cut_low) and _nan(cut_high) and not _nan(leak_low))
+    if cut_s == 0 and no_spread and cost_s == 0:
         return "no change"
-    if not _nan(clean_cost) and not _nan(leak) and clean_cost > leak:
-        return "uninformative"
-    if _nan(leak_low) or _nan(leak_high) or _nan(cut_low) or _nan(cut_high):
+    if status in ("no interval", "no estimate"):
         return "unclear"
-    if not (leak_low > 0 or leak_high < 0):
+    if status in ("no leak", "negative"):
         return "no leak"
-    if cut_low > 0:
-        return "removed" if not _nan(share) and share >= REMOVED_SHARE else "partly removed"
-    if cut_high < 0:
+    if not _nan(cost_s) and cost_s > pp_shown(leak):
+        return "uninformative"
+    if _nan(cut_low) or _nan(cut_high):
+        return "unclear"
+    if lo_s > 0:
+        return "removed" if not _nan(share) and pct_shown(share) >= 100 * REMOVED_SHARE else "partly removed"
+    if hi_s < 0:
         return "increased"
     return "not removed"
 
@@ -172,7 +252,8 @@ def removal_phrase(setting: str, verdict: str, cut: dict, share: dict, cost: dic
     if verdict == "no leak":
         return f"{name}: no leak to remove"
     if verdict == "no change":
-        return f"{name} changes no accuracy here (it leaves these crops as they were), so it says nothing about the leak"
+        return (f"{name} changes no accuracy here (cut and clean-model cost 0.0 pp: it leaves these crops as they were), "
+                "so it says nothing about the leak")
     cut_text = f"{pp(cut['estimate'])}, {ci_pp(cut['ci_low'], cut['ci_high'], level)}"
     if verdict == "removed":
         return f"{name} removes {pct(share['estimate'])} of it ({ci_pct(share['ci_low'], share['ci_high'])})"
@@ -181,7 +262,9 @@ def removal_phrase(setting: str, verdict: str, cut: dict, share: dict, cost: dic
     if verdict == "increased":
         return f"{name} makes it larger (cut {cut_text})"
     if verdict == "unclear":
-        return f"{name} cuts it by {pp(cut['estimate'])} (no interval)"
+        if _nan(cut["ci_low"]) or _nan(cut["ci_high"]):
+            return f"{name} cuts it by {pp(cut['estimate'])} (no interval)"
+        return f"{name} cuts it by {cut_text} (not read: the leak has no interval)"
     return f"{name} does not remove it (cut {cut_text})"
 
 
@@ -334,14 +417,15 @@ def gradcam_reading(summary: dict) -> str:
     return "; ".join(parts) + "." if parts else "No Grad-CAM rows."
 
 
-def moves_verdict(low: float, high: float, negligible: float = 0.01) -> str:
+def moves_verdict(low: float, high: float, negligible: float = NEGLIGIBLE) -> str:
     """'moves' (interval excludes 0 and reaches `negligible`), 'moves negligibly' (excludes 0,
-    but lies within `negligible` of it), 'does not move', or 'n/a' (no interval)."""
+    but lies within `negligible` of it), 'does not move', or 'n/a' (no interval); decided on
+    the ends as printed (points with one decimal), so '-0.1 to +0.0' does not move."""
     if _nan(low) or _nan(high):
         return "n/a"
-    if not (low > 0 or high < 0):
+    if not _shown_excludes_zero(low, high):
         return "does not move"
-    return "moves" if max(abs(low), abs(high)) >= negligible else "moves negligibly"
+    return "moves" if max(abs(pp_shown(low)), abs(pp_shown(high))) >= pp_shown(negligible) else "moves negligibly"
 
 
 def registered_reading(table: pd.DataFrame, alpha: float = 0.05) -> str:

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, headline_arch, intervention_label,
-                                         intervention_rows, moves_verdict, removal_verdict, suppliers)
+                                         intervention_rows, moves_verdict, removal_verdict, share_note,
+                                         suppliers)
 from shortcutlab.stats import get_estimand
 from shortcutlab.stats.hypotheses import registered_tests
 from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
@@ -285,7 +286,8 @@ def validity_table(est: pd.DataFrame, results: pd.DataFrame | None = None, *, n_
 
     - ``intervention``: estimate = the leak cut, share = the share removed, clean_cost = the
       accuracy cost on clean models, each with its interval from `est`; verdict from
-      `readings.removal_verdict` ('uninformative' when the cost exceeds the leak);
+      `readings.removal_verdict` (the rule table of `shortcutlab.report.readings`); the share
+      is blank (NaN) where the leak is not a leak (`readings.share_note`);
     - ``R``: estimate = leak-model R minus clean-model R, paired by seed, where the R is the
       quantity "recoverability" (the parent probe's; `r_source`);
     - ``erasure``: estimate = the leak gap of refitted heads before minus after erasure
@@ -325,7 +327,18 @@ def validity_table(est: pd.DataFrame, results: pd.DataFrame | None = None, *, n_
             rows += _erasure_validity(results, sources, head, lr, boot)
             rows += _leak_metric_validity(results, sources, head, boot)
     out = pd.DataFrame(rows, columns=VALIDITY_COLUMNS)
-    return out
+    return _shares_of_leaks_only(out)
+
+
+def _shares_of_leaks_only(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with the share removed (and its interval) blanked where the leak is not a
+    leak (`readings.share_note`): a share of a leak whose interval includes or lies below 0
+    divides by a number that may be 0 or negative ("187% (-200% to 867%)")."""
+    if table.empty:
+        return table
+    keep = [share_note(r.leak, r.leak_ci_low, r.leak_ci_high) == "" for r in table.itertuples(index=False)]
+    table.loc[~np.asarray(keep, dtype=bool), ["share", "share_ci_low", "share_ci_high"]] = np.nan
+    return table
 
 
 def _diagnostic_sources(results: pd.DataFrame | None) -> dict | None:

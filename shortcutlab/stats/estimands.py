@@ -51,10 +51,10 @@ from .factorial import factorial_bootstrap, leak_table
 from .hypotheses import assign_hypotheses
 from .multiple import add_holm
 from .predictions import check_predictions, check_unique
-from .units import ci_pp, format_interval, format_value, is_nan, pp
+from .units import ci_pp, format_interval, format_value, is_nan, pp, pp_shown
 
-__all__ = ["ENTRY_POINT_GROUP", "ESTIMATE_COLUMNS", "Estimand", "EstimandContext", "available_estimands", "estimand_units",
-           "estimates", "get_estimand", "read_row", "register_estimand", "unregister_estimand"]
+__all__ = ["ENTRY_POINT_GROUP", "ESTIMATE_COLUMNS", "LEAK_STATUSES", "Estimand", "EstimandContext", "available_estimands",
+           "estimand_units", "estimates", "get_estimand", "leak_status", "read_row", "register_estimand", "unregister_estimand"]
 
 #: Columns of `estimates`' table, in order.
 ESTIMATE_COLUMNS = ["hypothesis", "estimand", "family", "condition", "arch", "diversity", "intervention", "recipe", "estimate",
@@ -219,19 +219,51 @@ class EstimandContext:
 
 # --- the built-in estimands ------------------------------------------------------------------------
 
+#: What `leak_status` can say of a leak row (the report's rules, `shortcutlab.report.readings`).
+LEAK_STATUSES = ("leak", "no leak", "negative", "no interval", "no estimate")
+
+
+def leak_status(estimate: float, ci_low: float, ci_high: float) -> str:
+    """Which case of the report's rules a leak (leak minus clean accuracy) is, decided on the
+    numbers as printed (pp, one decimal: `units.pp_shown`):
+
+    - ``"no estimate"``: no estimate;
+    - ``"no interval"``: an estimate without an interval (too few seeds or parents);
+    - ``"leak"``: the interval lies above 0 (its lower end prints above +0.0);
+    - ``"negative"``: the interval lies below 0: the clean models score higher;
+    - ``"no leak"``: the interval includes 0 (as printed).
+
+    Example:
+        >>> leak_status(0.13, 0.091, 0.168), leak_status(-0.033, -0.05, -0.016), leak_status(0.01, 0.0004, 0.02)
+        ('leak', 'negative', 'no leak')
+    """
+    if is_nan(estimate):
+        return "no estimate"
+    if is_nan(ci_low) or is_nan(ci_high):
+        return "no interval"
+    if pp_shown(ci_low) > 0:
+        return "leak"
+    if pp_shown(ci_high) < 0:
+        return "negative"
+    return "no leak"
+
+
 def leak_phrase(row, level: float = 0.95) -> str:
     """'the leak is +13.0 pp (95% CI +9.1 to +16.8 pp)', with the caveats of the report's rules
-    (`shortcutlab.report.readings`): no interval, or an interval that includes zero."""
+    (`shortcutlab.report.readings`, by `leak_status`): no interval, an interval that includes
+    zero ('not distinguishable from zero'), one below zero ('the clean models score higher')."""
     est = row["estimate"]
-    if is_nan(est):
+    status = leak_status(est, row["ci_low"], row["ci_high"])
+    if status == "no estimate":
         return f"the leak could not be estimated ({row.get('reason') or 'no data'})"
-    if is_nan(row["ci_low"]) or is_nan(row["ci_high"]):
+    if status == "no interval":
         why = row.get("reason") or "no resamples"
         return f"the leak is {pp(est)} (no interval: {why})"
     text = f"the leak is {pp(est)} ({ci_pp(row['ci_low'], row['ci_high'], level)})"
-    lo, hi = row["ci_low"], row["ci_high"]
-    if not (lo > 0 or hi < 0):
+    if status == "no leak":
         text += ", not distinguishable from zero"
+    elif status == "negative":
+        text += ": the clean models score higher than the leak models"
     return text
 
 

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["ci_pct", "ci_pp", "format_interval", "format_value", "is_nan", "pct", "pp", "pp_number"]
+__all__ = ["ci_pct", "ci_pp", "format_interval", "format_value", "is_nan", "pct", "pct_shown", "pp", "pp_number", "pp_shown"]
 
 
 def is_nan(x) -> bool:
@@ -47,6 +47,13 @@ def pp_number(x: float, signed: bool = True) -> str:
     return f"{v:+.1f}" if signed else f"{v:.1f}"
 
 
+def pp_shown(x: float) -> float:
+    """A fraction in percentage points as `pp_number` prints it (one decimal), as a number:
+    0.1304 -> 13.0, -0.0004 -> 0.0; NaN stays NaN. Readings decide on these values, so two
+    numbers that print alike always read alike."""
+    return math.nan if is_nan(x) else float(pp_number(x))
+
+
 def ci_pp(lo: float, hi: float, level: float = 0.95) -> str:
     """'95% CI +9.1 to +16.8 pp' (or 'no interval')."""
     if is_nan(lo) or is_nan(hi):
@@ -60,6 +67,12 @@ def pct(x: float) -> str:
         return "n/a"
     v = 100 * float(x)
     return f"{0 if abs(v) < 0.5 else v:.0f}%"
+
+
+def pct_shown(x: float) -> float:
+    """A share in percent as `pct` prints it (a whole number), as a number: 0.4951 -> 50.0;
+    NaN stays NaN."""
+    return math.nan if is_nan(x) else float(pct(x).rstrip("%"))
 
 
 def ci_pct(lo: float, hi: float) -> str:
