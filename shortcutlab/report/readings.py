@@ -72,6 +72,8 @@ moves negligibly  the interval excludes 0 but both ends lie within 1 point (0.01
 moves             the interval excludes 0 and one end reaches 1 point
 ================  ===========================================================================
 
+**Other readings.**
+
 - **The dose-response slope** (the models' leak gap on R, per 0.1 of R) is given with its
   seed-bootstrap interval from three seeds up; with two, half the resamples hold one seed
   and have no slope, and the rest repeat the estimate, so no interval is stated.
