@@ -862,3 +862,22 @@ def test_example_grid_has_row_labels_and_a_colour_bar():
     assert bars[0].get_ylim() == (0.0, 1.0)
     _readable(fig)
     _close(fig)
+
+
+def test_power_figure_names_its_reference_lines():
+    from matplotlib.container import ErrorbarContainer
+
+    from shortcutlab.report.power import power_figure
+
+    table = pd.DataFrame([dict(test="t", n_seeds=s, n_archs=1, n_parents=30, crops_per_parent=2, n_pool=30, effect=e,
+                               power=min(1.0, 0.05 + e * s), mc_se=0.01, n_sim=200, alpha=0.05, closed_form=np.nan,
+                               normal_power=np.nan) for s in (3, 5) for e in (0.0, 0.05, 0.1)])
+    fig = power_figure(table)
+    ax = fig.axes[0]
+    assert len([c for c in ax.containers if isinstance(c, ErrorbarContainer)]) == 2          # one line per design
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "test level alpha = 0.05 (power at no effect)" in legend and "power 0.8" in legend
+    assert {tuple(ln.get_ydata()) for ln in ax.get_lines() if ln.get_linestyle() in (":", "--")} == {(0.05, 0.05), (0.8, 0.8)}
+    assert ax.get_ylim() == (-0.02, 1.02) and ax.get_xlabel() == "leak effect (pp)"
+    _readable(fig)
+    _close(fig)

@@ -48,7 +48,8 @@ class Section:
     notes: list[str] = field(default_factory=list)
 
 
-def _plt():
+def agg_pyplot():
+    """matplotlib.pyplot on the Agg backend (no display): every report figure is drawn with it."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -81,7 +82,7 @@ def _plain_text(build):
 
 
 def _png(fig) -> bytes:
-    plt = _plt()
+    plt = agg_pyplot()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -122,7 +123,7 @@ def accuracy_figure(acc: pd.DataFrame, chance: dict[str, float] | None = None):
     """One panel per condition: a bar per group (cell or protocol) and architecture (the mean
     over models), one dot per model (jittered, so every model shows), n per bar, and chance
     (the largest class share, `chance_levels`) as a dashed line. Returns the Figure."""
-    plt = _plt()
+    plt = agg_pyplot()
     chance = chance or {}
     conds = sorted(acc["condition"].unique())
     width_in = min(MAX_WIDTH, max(4.6, 3.3 * len(conds) + 1.2))
@@ -216,7 +217,7 @@ def forest_figure(rows: pd.DataFrame, level: float = 0.95):
     with intervals, grouped by condition (a bold heading, then its rows); a dotted line at each
     condition's unaltered leak (an intervention's cut is its distance from that line).
     Returns the Figure."""
-    plt = _plt()
+    plt = agg_pyplot()
     layout = forest_layout(rows)
     n = len(layout)
     height = 1.6 + 0.3 * n
@@ -320,7 +321,7 @@ def dose_figure(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level: 
     (hollow) the erasure, joined by arrows; without, the models' gap with each condition's
     fitted line over the R it was fitted on, its slope (and interval, where
     `readings.slope_interval_problem` finds none) in the legend. Returns the Figure."""
-    plt = _plt()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(6.8, 4.2))
     cmap = plt.get_cmap("tab10")
     heads = "gap_after" in pairs and pairs["gap_after"].notna().any()
@@ -343,7 +344,7 @@ def dose_figure(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level: 
             ax.plot(xs, 100 * (row["intercept"] + row["estimate"] * xs), color=c, lw=1.2)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlim(-0.02, 1.02)
-    ax.set_xlabel("R of the leak model (0-1): share of test crops whose parent a probe names among its class's parents")
+    ax.set_xlabel("R of the leak model (0 to 1): parent named among its class's parents")
     ax.set_ylabel("leak gap (pp): leak minus clean accuracy" + (",\nrefitted linear heads" if heads else ""))
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     ax.grid(alpha=0.3)
@@ -382,7 +383,7 @@ def gradcam_figure(rows: pd.DataFrame):
     models, blue = clean; n per group under its name. Returns the Figure."""
     from matplotlib.lines import Line2D
 
-    plt = _plt()
+    plt = agg_pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(MAX_WIDTH, 4.2))
     groups = list(rows.groupby(["condition", "exposure"], sort=True))
     order = {"leak": 0, "clean": 1}
@@ -543,7 +544,7 @@ def example_grid(x, m, columns: list, cams: list, rows: list[str] | None = None)
     """The figure: one row per crop (its label on the left: class and predictions), the crop
     (with its cell outline), each intervention, then each Grad-CAM overlay, with a colour bar
     for the maps (`CAM_SCALE`). Returns the Figure."""
-    plt = _plt()
+    plt = agg_pyplot()
     ncol = len(columns) + len(cams)
     B = x.shape[0]
     extra = 1.7 + (1.0 if cams else 0)         # the row labels, the colour bar
@@ -570,7 +571,7 @@ def example_grid(x, m, columns: list, cams: list, rows: list[str] | None = None)
     names = [c[0] for c in columns] + [c[0] for c in cams]
     for j, name in enumerate(names):
         # wrapped to the panel's width: long intervention names overlapped their neighbours
-        axes[0][j].set_title(textwrap.fill(name, 11))
+        axes[0][j].set_title(textwrap.fill(name, 11, break_long_words=False))
     for i, text in enumerate(rows or []):
         axes[i][0].set_ylabel(text, rotation=0, ha="right", va="center", labelpad=6)
     for ax in axes.ravel():
