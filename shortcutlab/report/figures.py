@@ -103,7 +103,8 @@ def jitter(n: int, width: float) -> np.ndarray:
 
 def chance_levels(pred: pd.DataFrame, baseline: str = "none") -> dict[str, float]:
     """Per condition, the accuracy of always answering the most frequent class: the largest
-    class share among the test crops scored on the unaltered crops (each crop counted once)."""
+    class share among the test crops its models scored on the unaltered crops (each crop
+    counted once, over the union of its models' test sets)."""
     p = pred[pred["intervention"].astype(str) == baseline]
     crops = p.drop_duplicates(["condition", "id"])
     return {str(c): float(sub["label"].value_counts(normalize=True).max()) for c, sub in crops.groupby("condition")}
@@ -142,7 +143,7 @@ def accuracy_figure(acc: pd.DataFrame, chance: dict[str, float] | None = None):
                 x = i + (j - (len(archs) - 1) / 2) * width
                 ax.bar(x, 100 * v.mean(), width * 0.9, color=colors(j), alpha=0.35, label=f"mean, {arch}" if i == 0 else None)
                 ax.scatter(x + jitter(len(v), width * 0.5), 100 * v, color=colors(j), s=16, zorder=3, edgecolors="white",
-                           linewidths=0.5, label="one model" if i == 0 and j == 0 else None)
+                           linewidths=0.5, clip_on=False, label="one model" if i == 0 and j == 0 else None)
                 ax.text(x, 2, f"n={len(v)}", ha="center", va="bottom", fontsize=9)
         if cond in chance:
             ax.axhline(100 * chance[cond], color="black", ls="--", lw=1,
@@ -158,7 +159,7 @@ def accuracy_figure(acc: pd.DataFrame, chance: dict[str, float] | None = None):
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     labels = list(handles)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.02 + 0.06 * -(-len(labels) // 3), 1, 1))
     fig.legend([handles[k] for k in labels], labels, loc="lower center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(3, len(labels)), frameon=False)
     return fig
