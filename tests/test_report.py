@@ -679,9 +679,17 @@ def _readable(fig) -> None:
     unscaled (the HTML shows a figure at its own size up to its 980-px column)."""
     from shortcutlab.report.figures import MAX_WIDTH
 
+    import io
+    import struct
+
+    from shortcutlab.report.figures import DPI
+
     small = [(t.get_text(), t.get_fontsize()) for t in _texts(fig) if t.get_fontsize() < 9]
     assert not small, small
-    assert fig.get_size_inches()[0] <= MAX_WIDTH + 1e-9
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")    # as the report saves it
+    width = struct.unpack(">I", buf.getvalue()[16:20])[0]            # the PNG header's width
+    assert width <= 980 and fig.get_size_inches()[0] <= MAX_WIDTH + 1e-9
 
 
 def _close(fig):
@@ -769,6 +777,12 @@ def test_forest_figure_groups_labels_and_has_a_legend():
     dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
     assert len(dotted) == 2 and all(np.allclose(ln.get_xdata(), 13.0) for ln in dotted)
     assert "leak-model minus clean-model accuracy (pp)" in ax.get_xlabel()
+    _readable(fig)
+    _close(fig)
+    # a long setting name takes room from the axes, not from the page
+    long = pd.concat([est, _est([dict(estimand="leak", intervention="low_pass:sigma=2.0,note=" + "x" * 40, estimate=0.05,
+                                      ci_low=0.0, ci_high=0.1)])], ignore_index=True)
+    fig = forest_figure(forest_rows(long))
     _readable(fig)
     _close(fig)
 

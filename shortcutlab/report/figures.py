@@ -63,8 +63,11 @@ def agg_pyplot():
 #: 9 pt (7-pt labels were unreadable in Chromium).
 STYLE = {"font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10, "xtick.labelsize": 9, "ytick.labelsize": 9,
          "legend.fontsize": 9, "legend.title_fontsize": 9, "figure.titlesize": 10, "text.parse_math": False}
-#: The widest figure (inches) the page shows unscaled: its 980-px column less the padding.
+#: The widest figure (inches, labels included) the page shows unscaled: its column is 980 px.
 MAX_WIDTH = 9.3
+#: About how wide (inches) one character of a 9-10 pt label is: room is made for labels that
+#: sit outside the axes, so that the saved figure (bbox "tight") stays within `MAX_WIDTH`.
+CHAR_WIDTH = 0.075
 
 
 def _plain_text(build):
@@ -105,6 +108,8 @@ def chance_levels(pred: pd.DataFrame, baseline: str = "none") -> dict[str, float
     """Per condition, the accuracy of always answering the most frequent class: the largest
     class share among the test crops its models scored on the unaltered crops (each crop
     counted once, over the union of its models' test sets)."""
+    if not {"id", "label"} <= set(pred.columns):
+        return {}
     p = pred[pred["intervention"].astype(str) == baseline]
     crops = p.drop_duplicates(["condition", "id"])
     return {str(c): float(sub["label"].value_counts(normalize=True).max()) for c, sub in crops.groupby("condition")}
@@ -197,10 +202,20 @@ def forest_rows(est: pd.DataFrame) -> pd.DataFrame:
     return rows.sort_values(["condition", "diversity", "order_i", "intervention", "order_a", "arch"]).reset_index(drop=True)
 
 
+#: The forest plot's labels are wrapped to this many characters, at most two lines (a long
+#: setting name would otherwise push the figure past the page's width).
+LABEL_CHARS = 40
+
+
+def _fit_label(text: str) -> str:
+    return textwrap.shorten(text, 2 * LABEL_CHARS, placeholder="...") if len(text) > LABEL_CHARS else text
+
+
 def forest_layout(rows: pd.DataFrame) -> list[tuple[str, int | None]]:
     """The forest plot's y rows, top to bottom: a heading per condition and diversity (its
     label, None), then one row per estimate (its label: the intervention, with the
-    architecture where the group holds several; its index in `rows`)."""
+    architecture where the group holds several; its index in `rows`). Labels longer than
+    `LABEL_CHARS` are wrapped onto two lines (and shortened past that)."""
     out: list[tuple[str, int | None]] = []
     for (cond, div), sub in rows.groupby(["condition", "diversity"], sort=False):
         archs = sub["arch"].unique()
@@ -209,7 +224,7 @@ def forest_layout(rows: pd.DataFrame) -> list[tuple[str, int | None]]:
         for i, r in sub.iterrows():
             name = rd.intervention_label(r["intervention"]) if r["intervention"] != "none" else "unaltered crops"
             out.append((f"{name}, {r['arch']}" if len(archs) > 1 else name, i))
-    return out
+    return [("\n".join(textwrap.wrap(_fit_label(lab), LABEL_CHARS)) or lab, i) for lab, i in out]
 
 
 @_plain_text
@@ -221,8 +236,9 @@ def forest_figure(rows: pd.DataFrame, level: float = 0.95):
     plt = agg_pyplot()
     layout = forest_layout(rows)
     n = len(layout)
-    height = 1.6 + 0.3 * n
-    fig, ax = plt.subplots(figsize=(min(MAX_WIDTH, 8.6), height))
+    height = 1.6 + 0.34 * n
+    labels = max(len(line) + 4 for lab, _ in layout for line in lab.split("\n")) * CHAR_WIDTH
+    fig, ax = plt.subplots(figsize=(max(4.0, MAX_WIDTH - labels - 0.2), height))
     ys = np.arange(n)[::-1].astype(float)
     est_pp, lo, hi = (100 * rows[c].to_numpy(float) for c in ("estimate", "ci_low", "ci_high"))
     styles = {"unaltered, pooled over architectures": ("black", "D"), "unaltered": ("tab:blue", "o"),
@@ -249,7 +265,7 @@ def forest_figure(rows: pd.DataFrame, level: float = 0.95):
                     label=None if "line" in drawn else "leak on the unaltered crops (a cut is the distance from it)")
             drawn.add("line")
     ax.set_yticks(ys)
-    ax.set_yticklabels([("" if i is None else "    ") + lab for lab, i in layout])
+    ax.set_yticklabels([lab if i is None else "\n".join("    " + line for line in lab.split("\n")) for lab, i in layout])
     for tick, (_, i) in zip(ax.get_yticklabels(), layout):
         if i is None:
             tick.set_fontweight("bold")
@@ -548,7 +564,8 @@ def example_grid(x, m, columns: list, cams: list, rows: list[str] | None = None)
     plt = agg_pyplot()
     ncol = len(columns) + len(cams)
     B = x.shape[0]
-    extra = 1.7 + (1.0 if cams else 0)         # the row labels, the colour bar
+    longest = max((len(line) for text in rows or [] for line in text.split("\n")), default=0)
+    extra = 0.3 + longest * CHAR_WIDTH + (1.0 if cams else 0)         # the row labels, the colour bar
     side = min(1.35, (MAX_WIDTH - extra) / max(ncol, 1))
     fig, axes = plt.subplots(B, ncol, figsize=(extra + side * ncol, side * B + 0.9), squeeze=False)
     mk = None if m is None else m[:, 0].cpu().numpy()
