@@ -800,3 +800,235 @@ def test_the_report_tests_f8_from_the_results_as_results_does(simulated_report):
     for condition, sub in pairs.groupby("condition"):
         assert slope.loc[condition, "estimate"] == pytest.approx(np.polyfit(sub["R"], sub["gap"], 1)[0], rel=1e-9)
     assert "F8 (color)" in _section(html, "registered_tests")
+
+
+# --- the figures, read back from their matplotlib Axes (issue 24, item 2) -------------------------
+
+def _texts(fig) -> list:
+    """Every visible, non-empty text of a figure (titles, labels, ticks, legends, annotations)."""
+    from matplotlib.text import Text
+
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def _readable(fig) -> None:
+    """The report's size rule: no text under 9 pt, and no figure wider than the page shows
+    unscaled (the HTML shows a figure at its own size up to its 980-px column)."""
+    from shortcutlab.report.figures import MAX_WIDTH
+
+    import io
+    import struct
+
+    from shortcutlab.report.figures import DPI
+
+    small = [(t.get_text(), t.get_fontsize()) for t in _texts(fig) if t.get_fontsize() < 9]
+    assert not small, small
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")    # as the report saves it
+    width = struct.unpack(">I", buf.getvalue()[16:20])[0]            # the PNG header's width
+    assert width <= 980 and fig.get_size_inches()[0] <= MAX_WIDTH + 1e-9
+
+
+def _close(fig):
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def _acc_pred() -> pd.DataFrame:
+    """Condition 'a': 5 test crops, labels 0, 0, 0, 1, 2 (largest class share 3/5), scored by 4
+    leak and 4 clean models, two leak models of the same accuracy; condition 'b': 4 crops,
+    labels 0, 1, 1, 1 (3/4), 1 model per cell."""
+    rows = []
+    for cond, labels, n_models in (("a", [0, 0, 0, 1, 2], 4), ("b", [0, 1, 1, 1], 1)):
+        for cell in ("leak-high", "clean-high"):
+            for seed in range(n_models):
+                right = {0: 3, 1: 3, 2: 4, 3: 5}[seed] if cell == "leak-high" else 2
+                for k, y in enumerate(labels):
+                    rows.append(dict(model=f"{cond}-{cell}-{seed}", condition=cond, arch="r18", seed=seed, protocol="factorial",
+                                     cell=cell, intervention="none", id=f"{cond}{k}", label=y, correct=k < right))
+    return pd.DataFrame(rows)
+
+
+def test_accuracy_figure_chance_line_dots_and_title():
+    from matplotlib.collections import PathCollection
+    from matplotlib.lines import Line2D
+
+    from shortcutlab.report.figures import accuracy_figure, accuracy_title, chance_levels
+    from shortcutlab.report.tables import per_model_accuracy
+
+    pred = _acc_pred()
+    chance = chance_levels(pred)
+    assert chance == {"a": pytest.approx(3 / 5), "b": pytest.approx(3 / 4)}      # by hand: the largest class share
+    acc = per_model_accuracy(pred)
+    fig = accuracy_figure(acc, chance)
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["condition: a", "condition: b"]
+    for ax, want in zip(axes, (60.0, 75.0)):
+        dashed = [ln for ln in ax.get_lines() if isinstance(ln, Line2D) and ln.get_linestyle() == "--"]
+        assert len(dashed) == 1 and np.allclose(dashed[0].get_ydata(), want)
+        assert ax.get_ylim() == (0.0, 100.0)
+    # one dot per model (8 in a, 2 in b); the two leak models of a at 60% are two dots, side by side
+    pts = [np.asarray(c.get_offsets()) for ax in axes for c in ax.collections if isinstance(c, PathCollection)]
+    assert sum(len(p) for p in pts) == pred["model"].nunique() == 10
+    a = np.vstack([np.asarray(c.get_offsets()) for c in axes[0].collections if isinstance(c, PathCollection)])
+    assert len({tuple(np.round(p, 9)) for p in a}) == 8
+    ns = sorted(t.get_text() for t in axes[0].texts)
+    assert ns == ["n=4", "n=4"]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert sorted(labels) == ["chance: largest class share (60%)", "chance: largest class share (75%)", "mean, r18",
+                              "one model"]
+    _readable(fig)
+    _close(fig)
+    assert accuracy_title(acc) == "Test accuracy per cell (r18)"
+    prot = acc.assign(cell="", group=acc["seed"].map(lambda s: "P1" if s % 2 else "P2"))
+    assert accuracy_title(prot) == "Test accuracy per protocol (r18)"
+    assert accuracy_title(acc.assign(arch=np.where(acc["seed"] % 2, "r18", "vit"))) == "Test accuracy per cell and architecture"
+
+
+def test_forest_figure_groups_labels_and_has_a_legend():
+    from matplotlib.container import ErrorbarContainer
+
+    from shortcutlab.report.figures import forest_figure, forest_rows
+
+    est = pd.concat([HAND, HAND.assign(condition="none")], ignore_index=True)
+    est = pd.concat([est, _est([dict(estimand="leak", intervention=i, estimate=e, ci_low=e - 0.03, ci_high=e + 0.03,
+                                     condition=c) for c in ("color", "none")
+                                for i, e in (("reinhard_unseen_field", 0.04), ("background_removal", 0.125),
+                                             ("greyscale", 0.01), ("low_pass:sigma=2.0", 0.1))])], ignore_index=True)
+    rows = forest_rows(est)
+    fig = forest_figure(rows)
+    ax = fig.axes[0]
+    ticks = [t.get_text().strip() for t in ax.get_yticklabels()]
+    # each condition named once, as a bold heading, then its settings (no condition repeated per row)
+    assert ticks.count("color, high diversity (r18)") == 1 and ticks.count("none, high diversity (r18)") == 1
+    assert ticks[:2] == ["color, high diversity (r18)", "unaltered crops"]
+    assert sum("color" in t for t in ticks) == 1
+    bold = [t.get_text().strip() for t in ax.get_yticklabels() if t.get_fontweight() == "bold"]
+    assert bold == ["color, high diversity (r18)", "none, high diversity (r18)"]
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == len(rows) == 10
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "unaltered" in legend and "under an intervention" in legend
+    assert any(t.startswith("leak on the unaltered crops") for t in legend)
+    # the dotted line of each condition stands at its unaltered leak (13 pp), the cut's origin
+    dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+    assert len(dotted) == 2 and all(np.allclose(ln.get_xdata(), 13.0) for ln in dotted)
+    assert "leak-model minus clean-model accuracy (pp)" in ax.get_xlabel()
+    _readable(fig)
+    _close(fig)
+    # a long setting name takes room from the axes, not from the page
+    long = pd.concat([est, _est([dict(estimand="leak", intervention="low_pass:sigma=2.0,note=" + "x" * 40, estimate=0.05,
+                                      ci_low=0.0, ci_high=0.1)])], ignore_index=True)
+    fig = forest_figure(forest_rows(long))
+    _readable(fig)
+    _close(fig)
+
+
+def test_slope_interval_problem_by_hand():
+    from shortcutlab.report.readings import slope_interval_problem as why
+
+    assert why([0.2, 0.4, 0.6, 0.8], [0, 1, 2, 3]) == ""                       # spread, 4 levels, no clump gap
+    assert why([0.2, 0.8], [0, 1]).startswith("2 seeds; an interval needs 3")
+    assert why([0.3, 0.3, 0.5, 0.5, 0.3, 0.5], range(6)).startswith("R takes 2 distinct values")
+    assert why([0.85, 0.886, 0.888, 0.94], range(4)).startswith("R spans only 0.09 (0.85 to 0.94)")  # the demo's color
+    assert why([0.1, 0.11, 0.12, 0.9, 0.91, 0.92], range(6)) == (
+        "R forms two separated clumps (0.10 to 0.12 and 0.90 to 0.92), so the slope is a line between them")
+    # the largest gap exactly half the spread: three evenly spaced levels still carry an interval
+    assert why([0.1, 0.5, 0.9], range(3)) == ""
+
+
+def _dose(R, gap, seeds):
+    return pd.DataFrame(dict(condition="c", arch="r18", diversity="high", seed=list(seeds), R=R, gap=gap,
+                             R_after=np.nan, gap_before=np.nan, gap_after=np.nan))
+
+
+def test_dose_reading_and_figure_omit_a_meaningless_interval():
+    from shortcutlab.report.figures import dose_figure, dose_title
+    from shortcutlab.report.readings import dose_reading
+
+    slope = pd.DataFrame([dict(estimand="slope", condition="c", estimate=0.5, intercept=0.0, ci_low=-11.9, ci_high=12.1,
+                               n_clusters=4, reason="")])
+    clumps = _dose([0.1, 0.11, 0.9, 0.91], [0.0, 0.01, 0.4, 0.41], range(4))
+    text = dose_reading(clumps, slope)
+    assert "c: +5.0 pp per 0.1 of R (no interval: R forms two separated clumps (0.10 to 0.11 and 0.90 to 0.91)" in text
+    assert "CI" not in text and "119" not in text
+    fig = dose_figure(clumps, slope)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["c (4 pairs): fit +5.0 pp per 0.1 of R (no interval)"]
+    assert fig.axes[0].get_xlim() == (-0.02, 1.02)                            # R's whole range
+    _readable(fig)
+    _close(fig)
+    spread = _dose([0.2, 0.4, 0.6, 0.8], [0.1, 0.2, 0.3, 0.4], range(4))
+    ok = slope.assign(ci_low=0.3, ci_high=0.7)
+    assert "c: +5.0 pp per 0.1 of R (95% CI +3.0 to +7.0 pp)" in dose_reading(spread, ok)
+    fig = dose_figure(spread, ok)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+        "c (4 pairs): fit +5.0 pp per 0.1 of R (95% CI +3.0 to +7.0)"]
+    _close(fig)
+    two = _dose([0.2, 0.8], [0.1, 0.4], range(2))
+    assert "(no interval: 2 seeds; an interval needs 3)" in dose_reading(two, ok.assign(n_clusters=2))
+    # the heading names erasure only where an erasure is drawn
+    assert dose_title(spread) == "Parent recoverability R against the leak gap"
+    erased = spread.assign(R_after=0.05, gap_before=spread["gap"], gap_after=0.0)
+    assert "before and after erasure" in dose_title(erased)
+
+
+def test_gradcam_figure_has_honest_axes_a_legend_and_a_labelled_threshold():
+    from shortcutlab.report.figures import gradcam_figure
+    from shortcutlab.report.readings import HEAD_CHECK_RHO
+
+    rows = pd.DataFrame([dict(model=f"m{e}{s}", condition="color", arch="r18", diversity="high", seed=s, exposure=e,
+                              outside_mass=0.84 + 0.01 * s, randomized_outside_mass=0.86, randomized_head_spearman=0.1 * s,
+                              random_pair_spearman=0.0) for e in ("leak", "clean") for s in range(3)])
+    fig = gradcam_figure(rows)
+    left, right = fig.axes
+    assert left.get_ylim() == (0.0, 100.0) and right.get_ylim() == (-1.0, 1.0)
+    legend = {t.get_text(): h for t, h in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles)}
+    assert {"leak models", "clean models", "trained model", "randomised head"} <= set(legend)
+    from matplotlib.colors import to_rgba
+    assert to_rgba(legend["leak models"].get_color()) == to_rgba("tab:red")
+    assert any(t.get_text() == f"check passes below rho {HEAD_CHECK_RHO:g}" for t in right.texts)
+    assert [t.get_text() for t in left.get_xticklabels()] == ["color\nleak\nn=3", "color\nclean\nn=3"]
+    _readable(fig)
+    _close(fig)
+
+
+def test_example_grid_has_row_labels_and_a_colour_bar():
+    import torch
+
+    from shortcutlab.report.figures import CAM_SCALE, example_grid, row_labels
+
+    labels = row_labels([2, 0], ("benign", "tumour", "stroma"), {"leak": np.array([2, 1]), "clean": np.array([0, 0])})
+    assert labels == ["class: stroma\nleak model: stroma\nclean model: benign",
+                      "class: benign\nleak model: tumour\nclean model: benign"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, 16, 16, generator=g)
+    m = (torch.rand(2, 1, 16, 16, generator=g) > 0.5).float()
+    cams = [("Grad-CAM, leak model", torch.rand(2, 16, 16, generator=g)), ("Grad-CAM, clean model", torch.rand(2, 16, 16, generator=g))]
+    fig = example_grid(x, m, [("crop", x), ("a long intervention name", x)], cams, labels)
+    grid = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert [grid[0].get_ylabel(), grid[4].get_ylabel()] == labels          # 2 rows x 4 columns
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 1 and bars[0].get_ylabel().replace("\n", " ") == CAM_SCALE
+    assert bars[0].get_ylim() == (0.0, 1.0)
+    _readable(fig)
+    _close(fig)
+
+
+def test_power_figure_names_its_reference_lines():
+    from matplotlib.container import ErrorbarContainer
+
+    from shortcutlab.report.power import power_figure
+
+    table = pd.DataFrame([dict(test="t", n_seeds=s, n_archs=1, n_parents=30, crops_per_parent=2, n_pool=30, effect=e,
+                               power=min(1.0, 0.05 + e * s), mc_se=0.01, n_sim=200, alpha=0.05, closed_form=np.nan,
+                               normal_power=np.nan) for s in (3, 5) for e in (0.0, 0.05, 0.1)])
+    fig = power_figure(table)
+    ax = fig.axes[0]
+    assert len([c for c in ax.containers if isinstance(c, ErrorbarContainer)]) == 2          # one line per design
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "test level alpha = 0.05 (power at no effect)" in legend and "power 0.8" in legend
+    assert {tuple(ln.get_ydata()) for ln in ax.get_lines() if ln.get_linestyle() in (":", "--")} == {(0.05, 0.05), (0.8, 0.8)}
+    assert ax.get_ylim() == (-0.02, 1.02) and ax.get_xlabel() == "leak effect (pp)"
+    _readable(fig)
+    _close(fig)

@@ -19,7 +19,7 @@ import pandas as pd
 from shortcutlab.io import atomic_files, claim_output_dir, to_json, write_marker
 from shortcutlab.stats.power import LeakComponents, PowerError, estimate_components
 
-__all__ = ["POWER_FILES", "pilot_components", "pilot_crops_per_parent", "power_png", "write_power"]
+__all__ = ["POWER_FILES", "pilot_components", "pilot_crops_per_parent", "power_figure", "power_png", "write_power"]
 
 #: what `shortcutlab power` writes in its --out folder
 POWER_FILES = ("power.csv", "power.png", "components.json")
@@ -54,18 +54,20 @@ def pilot_crops_per_parent(pred: pd.DataFrame, baseline: str = "none") -> int:
     return max(1, int(round(float(np.median(counts.to_numpy())))))
 
 
-def power_png(table: pd.DataFrame) -> bytes:
+def power_figure(table: pd.DataFrame):
     """Power against the effect (pp), one line per design, with 95% Monte Carlo error bars
-    (1.96 mc_se), the level alpha and 0.8 dashed. Deterministic bytes (no timestamp)."""
+    (1.96 mc_se), the test's level alpha (dotted) and power 0.8 (dashed), each named in the
+    legend; power on its whole range (0 to 1), text in the report's sizes
+    (`report.figures.STYLE`). Returns the Figure."""
     import matplotlib
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    from shortcutlab.report.figures import MAX_WIDTH, STYLE, agg_pyplot
 
+    plt = agg_pyplot()
     keys = ["n_seeds", "n_archs", "n_parents", "crops_per_parent", "n_pool"]
-    with matplotlib.rc_context({"text.parse_math": False}):
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    with matplotlib.rc_context(STYLE):
         groups = list(table.groupby(keys, sort=True))
+        fig, ax = plt.subplots(figsize=(min(MAX_WIDTH, 7.0), 4.4 + 0.2 * len(groups)))
         colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
         for i, (design, sub) in enumerate(groups):
             sub = sub.sort_values("effect")
@@ -74,17 +76,27 @@ def power_png(table: pd.DataFrame) -> bytes:
             ax.errorbar(100 * sub["effect"], sub["power"], yerr=1.96 * sub["mc_se"], marker="o", ms=3, capsize=2,
                         lw=1.2, label=label, color=colors(i % colors.N))
         alpha = float(table["alpha"].iloc[0]) if len(table) else 0.05
-        ax.axhline(alpha, color="grey", ls=":", lw=1)
-        ax.axhline(0.8, color="grey", ls="--", lw=1)
+        ax.axhline(alpha, color="grey", ls=":", lw=1, label=f"test level alpha = {alpha:g} (power at no effect)")
+        ax.axhline(0.8, color="grey", ls="--", lw=1, label="power 0.8")
         test = "paired t on per-seed effects" if (table["test"] == "t").all() else "two-way cluster bootstrap"
         n_sim = int(table["n_sim"].iloc[0]) if len(table) else 0
-        ax.set(xlabel="leak effect (pp)", ylabel="power", ylim=(-0.02, 1.02),
-               title=f"Power of the leak test ({test}, alpha {alpha:g}; {n_sim} data sets each, 95% MC error bars)")
-        ax.title.set_fontsize(9)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
-        plt.close(fig)
+        ax.set(xlabel="leak effect (pp)", ylabel="power (share of data sets with the leak detected)", ylim=(-0.02, 1.02),
+               title=f"Power of the leak test ({test}, alpha {alpha:g})\n{n_sim} simulated data sets per point, "
+                     f"95% Monte Carlo error bars")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    return fig
+
+
+def power_png(table: pd.DataFrame) -> bytes:
+    """`power_figure` as PNG bytes, deterministic (no timestamp)."""
+    from shortcutlab.report.figures import agg_pyplot
+
+    plt = agg_pyplot()
+    fig = power_figure(table)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
     return buf.getvalue()
 
 

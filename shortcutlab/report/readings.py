@@ -75,8 +75,12 @@ moves             the interval excludes 0 and one end reaches 1 point
 **Other readings.**
 
 - **The dose-response slope** (the models' leak gap on R, per 0.1 of R) is given with its
-  seed-bootstrap interval from three seeds up; with two, half the resamples hold one seed
-  and have no slope, and the rest repeat the estimate, so no interval is stated.
+  seed-bootstrap interval only where the points can carry one (`slope_interval_problem`):
+  three seeds or more (with two, half the resamples hold one seed and have no slope, and the
+  rest repeat the estimate); R at three or more distinct values (to 0.01); R spread over at
+  least 0.1 (the unit the slope is stated per; a narrower spread extrapolates); and no gap
+  between neighbouring R values wider than half the spread (two separated clumps: the slope
+  is a line between them). Otherwise the slope is stated with "no interval" and why.
 - **Grad-CAM's randomised-head check passes** when the median Spearman correlation between
   the trained and the randomised-head maps is below 0.5 (the maps change when the head
   does); the outside mass is said to match a randomised head's when the two means differ by
@@ -85,10 +89,11 @@ moves             the interval excludes 0 and one end reaches 1 point
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from shortcutlab.stats import get_estimand
-from shortcutlab.stats.estimands import leak_status
+from shortcutlab.stats.estimands import MIN_SLOPE_SEEDS, leak_status
 from shortcutlab.stats.hypotheses import HYPOTHESES
 from shortcutlab.stats.units import ci_pct, ci_pp, is_nan, pct, pct_shown, pp, pp_number, pp_shown
 
@@ -338,13 +343,17 @@ def leak_reading(est: pd.DataFrame, condition: str, diversity: str, arch: str | 
 
 # --- accuracy, dose-response, Grad-CAM -------------------------------------------------------------
 
-def accuracy_reading(per_model: pd.DataFrame, est: pd.DataFrame | None = None, level: float = 0.95) -> str:
-    """The accuracy figure's sentence: the best and worst group mean, and the protocol effect.
+def accuracy_reading(per_model: pd.DataFrame, est: pd.DataFrame | None = None, level: float = 0.95,
+                     chance: dict | None = None) -> str:
+    """The accuracy figure's sentence: the best and worst group mean, chance, and the protocol
+    effect.
 
     Args:
         per_model: one row per model with `group` (protocol or cell), `arch`, `condition` and
             `accuracy` (fraction).
         est: the estimates table, for ``protocol`` rows (P1 - P2) where present.
+        chance: per condition, the accuracy of always answering the largest class (its share of
+            the test crops; `figures.chance_levels`), drawn as the dashed line.
     """
     if per_model.empty:
         return "No model was scored on unaltered crops."
@@ -355,7 +364,12 @@ def accuracy_reading(per_model: pd.DataFrame, est: pd.DataFrame | None = None, l
         return f"{r['group']} ({r['arch']}, {r['condition']})"
 
     text = (f"Over {len(per_model)} models, mean test accuracy on unaltered crops ranges from {pct(lo['mean'])} "
-            f"({name(lo)}, {int(lo['size'])} model{'s' if lo['size'] != 1 else ''}) to {pct(hi['mean'])} ({name(hi)})")
+            f"({name(lo)}, {int(lo['size'])} model{'s' if lo['size'] != 1 else ''}) to {pct(hi['mean'])} ({name(hi)}, "
+            f"{int(hi['size'])} model{'s' if hi['size'] != 1 else ''})")
+    if chance:
+        levels = sorted(set(pct(v) for v in chance.values()))
+        text += (f"; chance (always the largest class) is {levels[0]}" if len(levels) == 1 else
+                 "; chance (always the largest class) is " + ", ".join(f"{pct(v)} in {c}" for c, v in sorted(chance.items())))
     if est is not None and not est.empty:
         prot = est[(est["estimand"] == "protocol") & est["estimate"].notna()]
         prot = prot[(prot["arch"] == "pooled") | ~prot["condition"].isin(prot.loc[prot["arch"] == "pooled", "condition"])]
@@ -390,9 +404,55 @@ def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level:
             text += (f", while the gap of refitted heads goes from {pp(ok['gap_before'].mean())} to "
                      f"{pp(ok['gap_after'].mean())}")
     if slopes is not None and not slopes.empty:
-        parts = [get_estimand("slope").read(r, level) for _, r in slopes.sort_values("condition").iterrows()]
+        parts = [_slope_words(r, pairs[pairs["condition"].astype(str) == str(r["condition"])], level)
+                 for _, r in slopes.sort_values("condition").iterrows()]
         text += "; the models' leak gap's slope on R is " + "; ".join(parts)
     return text + "."
+
+
+#: The narrowest spread of R over which a slope's interval is stated (the unit it is stated per).
+MIN_R_SPAN = 0.1
+#: R values closer than this count as one value (`slope_interval_problem`).
+R_RESOLUTION = 0.01
+
+
+def slope_interval_problem(r_values, seeds) -> str:
+    """Why a slope of the gap on R fitted to these points has no meaningful interval ('' when
+    it has one): fewer than `MIN_SLOPE_SEEDS` seeds; R at fewer than three distinct values (to
+    `R_RESOLUTION`); R spread over less than `MIN_R_SPAN`; or two separated clumps (a gap
+    between neighbouring R values wider than half the spread: the slope joins the clumps and
+    says nothing between them). The rules are the module docstring's.
+
+    Args:
+        r_values: R of each point (fractions).
+        seeds: each point's seed (the bootstrap's cluster).
+    """
+    n = len(set(seeds))
+    if n < MIN_SLOPE_SEEDS:
+        return f"{n} seed{'s' if n != 1 else ''}; an interval needs {MIN_SLOPE_SEEDS}"
+    r = np.sort(np.asarray(r_values, dtype=float))
+    levels = len(np.unique(np.round(r / R_RESOLUTION)))
+    span = float(r[-1] - r[0])
+    if levels < 3:
+        return (f"R takes {levels} distinct value{'s' if levels != 1 else ''} ({r[0]:.2f} to {r[-1]:.2f}); a slope "
+                f"through fewer than 3 is a line between clumps")
+    if span < MIN_R_SPAN:
+        return (f"R spans only {span:.2f} ({r[0]:.2f} to {r[-1]:.2f}), less than the {MIN_R_SPAN:g} the slope is "
+                f"stated per, so the slope extrapolates")
+    k = int(np.argmax(np.diff(r)))
+    if r[k + 1] - r[k] > span / 2:
+        return (f"R forms two separated clumps ({r[0]:.2f} to {r[k]:.2f} and {r[k + 1]:.2f} to {r[-1]:.2f}), so "
+                f"the slope is a line between them")
+    return ""
+
+
+def _slope_words(row, points: pd.DataFrame, level: float) -> str:
+    """One condition's slope: the estimand's reading, or, where `slope_interval_problem` finds
+    its interval meaningless, the slope with 'no interval' and why."""
+    why = slope_interval_problem(points["R"], points["seed"]) if len(points) else ""
+    if not why or _nan(row["estimate"]):
+        return get_estimand("slope").read(row, level)
+    return f"{row['condition']}: {pp(row['estimate'] * 0.1)} per 0.1 of R (no interval: {why})"
 
 
 def gradcam_reading(summary: dict) -> str:
