@@ -37,8 +37,9 @@ ACCEPTABLE_COST_SHARE = 0.5
 FEW_SEEDS = 5
 #: validity verdicts that count as removing (part of) a leak
 REMOVING = ("removed", "partly removed")
-#: the validity table's kinds that remove a leak rather than measure it
-REMOVER_KINDS = ("intervention", "erasure")
+#: the validity table's kinds that remove a leak at test time (an erasure, which refits heads,
+#: is read with the diagnostics: "moving" when it removes the refitted heads' leak)
+REMOVER_KINDS = ("intervention",)
 
 #: columns of `verdict_rows` (fractions), the report's ``verdicts.csv``
 VERDICT_COLUMNS = ["condition", "diversity", "arch", "leak", "leak_ci_low", "leak_ci_high", "leak_verdict", "n_seeds",
@@ -82,7 +83,8 @@ def headline_leaks(est: pd.DataFrame, baseline: str = "none") -> pd.DataFrame:
 def verdict_rows(est: pd.DataFrame, validity: pd.DataFrame, pixel_free: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per condition and diversity level: the headline leak and its verdict, the leak on
     the pixel-free test crops, which interventions remove it at an acceptable clean cost, and
-    which diagnostics move with it.
+    which diagnostics move with it (an erasure counts as moving when it removes the refitted
+    heads' leak).
 
     Args:
         est: the estimates (`stats.estimates`).
@@ -138,8 +140,9 @@ def _removers(validity: pd.DataFrame, r: dict) -> dict:
 def _movers(validity: pd.DataFrame, r: dict) -> dict:
     sub = _same_cell(validity, r)
     sub = sub[~sub["kind"].isin(REMOVER_KINDS)] if len(sub) else sub
-    moving = [str(v["item"]) for v in sub.to_dict("records") if v["verdict"] == "moves"]
-    other = [f"{v['item']}: {v['verdict']}" for v in sub.to_dict("records") if v["verdict"] != "moves"]
+    moves = ("moves",) + REMOVING
+    moving = [str(v["item"]) for v in sub.to_dict("records") if v["verdict"] in moves]
+    other = [f"{v['item']}: {v['verdict']}" for v in sub.to_dict("records") if v["verdict"] not in moves]
     return dict(moving=";".join(moving), not_moving=";".join(other))
 
 
@@ -228,7 +231,7 @@ def _diagnostic_sentence(rows: list[dict], validity: pd.DataFrame, several: bool
         for v in sub.to_dict("records"):
             words = v["verdict"] if v["verdict"] != "n/a" else "has no interval"
             by_verdict.setdefault(words, []).append(where.get((str(v["condition"]), str(v["diversity"])), str(v["condition"])))
-        parts.append(f"the {item} " + ", ".join(f"{k} in {', '.join(c)}" for k, c in by_verdict.items()))
+        parts.append(f"{item}: " + ", ".join(f"{k} in {', '.join(c)}" for k, c in by_verdict.items()))
     return ("Do the diagnostics move with the leak (leak-model minus clean-model, paired by seed)? "
             + "; ".join(parts) + ".")
 

@@ -353,6 +353,7 @@ def summary_lines(summary: dict, level: float = 0.95) -> list[str]:
     """What `shortcutlab demo` prints of its summary: with the report, the report's pooled
     leak per condition with its interval and verdict, and on the pixel-free test crops (the
     words of `report.summary.leak_clause`); without it, the per-seed means and no interval."""
+    from shortcutlab.report.readings import intervention_label
     from shortcutlab.report.summary import leak_clause
 
     rows = summary.get("estimates")
@@ -371,15 +372,17 @@ def summary_lines(summary: dict, level: float = 0.95) -> list[str]:
         return float("nan") if x is None else x / 100
 
     for r in rows:
-        text = leak_clause(frac(r["leak_pp"]), frac(r["leak_ci_low_pp"]), frac(r["leak_ci_high_pp"]), r["leak_verdict"], level,
-                           f"{r['n_seeds']} seed(s)")
+        pad = " " * width
+        lines.append(f"  {_where(r, several):<{width}}  leak " + leak_clause(
+            frac(r["leak_pp"]), frac(r["leak_ci_low_pp"]), frac(r["leak_ci_high_pp"]), r["leak_verdict"], level,
+            f"{r['n_seeds']} seed(s)"))
         if r["pixel_free_verdict"]:
-            text += ("; on the test crops sharing no pixel with a leak training crop "
-                     + leak_clause(frac(r["pixel_free_leak_pp"]), frac(r["pixel_free_ci_low_pp"]), frac(r["pixel_free_ci_high_pp"]),
-                                   r["pixel_free_verdict"], level, "too few seeds or parents"))
-        lines.append(f"  {_where(r, several):<{width}}  {text}")
+            lines.append(f"  {pad}  on the test crops sharing no pixel with a leak training crop: " + leak_clause(
+                frac(r["pixel_free_leak_pp"]), frac(r["pixel_free_ci_low_pp"]), frac(r["pixel_free_ci_high_pp"]),
+                r["pixel_free_verdict"], level, "too few seeds or parents"))
         if r["leak_verdict"] == "leak":
-            lines.append(f"  {'':<{width}}  removed at an acceptable clean cost by: {', '.join(r['removed_by']) or 'nothing'}")
+            lines.append(f"  {pad}  removed at an acceptable clean cost by: "
+                         + (", ".join(intervention_label(i) for i in r["removed_by"]) or "nothing"))
     return lines
 
 
