@@ -720,7 +720,8 @@ def test_summary_without_intervals_says_so():
     rows = verdict_rows(est, validity)
     assert rows["leak_verdict"].tolist() == ["no interval"]
     text = summary_sentences(rows, validity)
-    assert text[0].endswith("color +13.0 pp (no interval: 2 seeds; an interval needs 3): neither called a leak nor ruled out.")
+    assert text[0].endswith("color +13.0 pp; no interval (2 seeds; an interval needs 3), so it is neither called a leak nor "
+                            "ruled out.")
     assert text[1] == "No leak is shown, so no intervention is read as removing one."
     assert text[-1] == ("The evidence rests on 2 seeds per condition: too few for any interval (an interval needs 3), "
                         "so nothing here is called a leak or ruled out.")

@@ -170,6 +170,12 @@ def leak_clause(estimate: float, low: float, high: float, verdict: str, level: f
 
 
 def _leak_sentence(rows: list[dict], several: bool, level: float) -> str:
+    whys = {_interval_why(r) for r in rows}
+    if all(r["leak_verdict"] == "no interval" for r in rows) and len(whys) == 1:   # said once, not per row
+        return ("Leak (leak-model minus clean-model accuracy on the common test crops): "
+                + "; ".join(f"{_where(r, several)} {pp(r['leak'])}" for r in rows)
+                + f"; no interval ({whys.pop()}), so "
+                + ("it is neither called a leak nor ruled out." if len(rows) == 1 else "no leak is called one or ruled out."))
     parts = [f"{_where(r, several)} {leak_clause(r['leak'], r['leak_ci_low'], r['leak_ci_high'], r['leak_verdict'], level, _interval_why(r))}"
              for r in rows]
     return "Leak (leak-model minus clean-model accuracy on the common test crops): " + "; ".join(parts) + "."
