@@ -118,7 +118,8 @@ def audit_section(folder: SweepFolder, results: pd.DataFrame | None) -> Section:
         return left_out(key, title, "no benchmark and split of the sweep are on disk (tasks/split/<id>/ with its manifest)")
     trained: dict[str, set] = {}
     for m in folder.models():
-        trained.setdefault(m.condition, set()).add(m.cell)
+        if m.cell:      # a model listed without its cell (an older sweep.json) leaves its condition's cells all shown
+            trained.setdefault(m.condition, set()).add(m.cell)
     rows, notes, sentences = [], [], []
     for cond, ref in sorted(refs.items()):
         try:

@@ -5,7 +5,7 @@ Units: fractions (accuracies, R, outside mass, effects); the readings print them
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -405,7 +405,7 @@ def _leak_metric_validity(results: pd.DataFrame, sources: dict, head: dict, boot
 # --- the audit card ------------------------------------------------------------------------------
 
 def audit_card(manifest: str, split: str, columns: dict | None = None, geometry: bool = False,
-               results: pd.DataFrame | None = None, cells=None) -> dict:
+               results: pd.DataFrame | None = None, cells: Iterable[str] | None = None) -> dict:
     """The data's audit card for one benchmark and split: parents, crops, classes, split unit
     and protocol, and per cell of the split the test side's share with a training sibling
     and with a pixel-overlapping training sibling (`shortcutlab.data.audit`).
