@@ -414,7 +414,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from shortcutlab.studies.demo import DemoConfig, run_demo
+    from shortcutlab.studies.demo import DemoConfig, run_demo, summary_lines
 
     kw = {}
     if args.seeds:
@@ -429,10 +429,8 @@ def cmd_demo(args) -> int:
     _check_output_folder(args.out, "--out")
     summary = run_demo(args.out, cfg)
     print(f"leak/clean factorial on the synthetic benchmark{' (--quick)' if args.quick else ''} ({summary['minutes']} min)")
-    for cond, eff in summary["mean_leak_effect_pp"].items():
-        nsp = summary["mean_leak_effect_no_shared_pixels_pp"][cond]
-        print(f"  {cond:<45} mean test accuracy {summary['mean_test_accuracy'][cond]:.3f}   leak - clean {eff:+.2f} pp "
-              f"(test crops sharing no pixel with leak training crops: {nsp:+.2f} pp)")
+    for line in summary_lines(summary):
+        print(line)
     print(f"tables in {args.out}: results.csv (one row per model), effects.csv, summary.json; the sweep in {os.path.join(args.out, 'sweep')}")
     if "report" in summary:
         print(f"report: {summary['report']}")

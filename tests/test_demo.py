@@ -222,3 +222,62 @@ def test_demo_quick_itself_shows_the_planted_leak_and_its_remover(tmp_path, caps
     assert rows.loc[("leak", "color", "none"), "ci_low"] > 0
     assert rows.loc[("leak_cut", "color", "reinhard_unseen_field"), "ci_low"] > 0
     assert rows.loc[("leak", "none", "none"), "ci_low"] < 0 < rows.loc[("leak", "none", "none"), "ci_high"]
+
+
+def test_the_terminal_prints_the_reports_pooled_leak_and_interval(tmp_path):
+    """A tiny demo with its report (3 seeds, the two high-diversity cells, 1 epoch): the lines
+    `shortcutlab demo` prints (`summary_lines`) carry each condition's leak and interval as the
+    report's estimates.csv holds them, with the same verdict; the pixel-free leak equals the one
+    pooled by hand from results.csv (the train tasks' own logits); the audit card lists the two
+    trained cells only."""
+    import re
+
+    from shortcutlab.studies.demo import summary_lines
+
+    cfg = DemoConfig(mechanisms=("color",), fields_per_class=12, epochs=1, crop_size=16, seeds=(0, 1, 2),
+                     cells=("leak-high", "clean-high"), interventions=(), diagnostics=(), progress=False, n_boot=200, threads=1)
+    summary = run_demo(str(tmp_path), cfg)
+    lines = summary_lines(summary)
+    est = pd.read_csv(tmp_path / "report" / "estimates.csv")
+    est = est[(est["estimand"] == "leak") & (est["intervention"] == "none") & (est["arch"] == "test_resnet")]
+    pattern = re.compile(r"^  (\S+)\s+leak ([+-]\d+\.\d) pp \((?:95% CI ([+-]\d+\.\d) to ([+-]\d+\.\d) pp|no interval: [^)]*)\): "
+                         r"(leak|no leak|negative leak|neither called a leak nor ruled out)$")
+    printed = {m.group(1): m.groups()[1:] for m in map(pattern.match, lines) if m}
+    assert set(printed) == {"color", "none"} == set(est["condition"])
+    for r in est.itertuples():
+        value, low, high, verdict = printed[r.condition]
+        assert float(value) == pytest.approx(100 * r.estimate, abs=0.05 + 1e-9)
+        if np.isnan(r.ci_low):      # 3 seeds give an interval unless the resamples do not vary (a degenerate 1-epoch model)
+            assert low is None and verdict == "neither called a leak nor ruled out"
+            continue
+        assert [float(low), float(high)] == pytest.approx([100 * r.ci_low, 100 * r.ci_high], abs=0.05 + 1e-9)
+        assert verdict == ("leak" if r.ci_low > 0 else "negative leak" if r.ci_high < 0 else "no leak")
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["estimates"] == summary["estimates"]
+    # the pixel-free leak: leak minus clean accuracy over every (seed, pixel-free crop), from results.csv
+    results = pd.read_csv(tmp_path / "results.csv")
+    for row in saved["estimates"]:
+        g = results[results["condition"] == row["condition"]]
+        wide = g.pivot_table(index="seed", columns="exposure", values=["test_accuracy_no_shared_pixels", "n_test_no_shared_pixels"])
+        n = wide[("n_test_no_shared_pixels", "leak")]
+        diff = wide[("test_accuracy_no_shared_pixels", "leak")] - wide[("test_accuracy_no_shared_pixels", "clean")]
+        assert row["pixel_free_leak_pp"] == pytest.approx(100 * (n * diff).sum() / n.sum(), abs=1e-9)
+        assert row["pixel_free_n_crops"] == n.sum()
+        assert any(line.strip().startswith("on the test crops sharing no pixel with a leak training crop: ") for line in lines)
+    html = (tmp_path / "report" / "report.html").read_text()
+    audit = html[html.index('<h2 id="audit">'):html.index("<h2 ", html.index('<h2 id="audit">') + 1)]
+    assert audit.count("<td>leak-high</td>") == 2 and audit.count("<td>clean-high</td>") == 2
+    assert "leak-low" not in audit and "clean-low" not in audit and "crop (factorial)" not in audit
+
+
+def test_without_the_report_the_terminal_says_its_means_have_no_interval(tmp_path, monkeypatch):
+    import shortcutlab.studies.demo as demo
+
+    monkeypatch.setattr(demo, "run_condition", _fake_rows)
+    summary = run_demo(str(tmp_path), DemoConfig(mechanisms=("color",), progress=False, report=False))
+    lines = demo.summary_lines(summary)
+    assert "estimates" not in summary and "no interval" in lines[0]
+    # color: ((0.75 - 0.60) + (0.70 - 0.65)) / 2 = +10.0 pp, pixel-free +15.0; none: -1.5, -2.5 (hand, as above)
+    assert lines[1].split() == ["color", "+10.0", "pp;", "on", "test", "crops", "sharing", "no", "pixel", "with", "a", "leak",
+                                "training", "crop", "+15.0", "pp"]
+    assert lines[2].split()[:2] == ["none", "-1.5"] and lines[2].split()[-2:] == ["-2.5", "pp"]

@@ -1032,3 +1032,149 @@ def test_power_figure_names_its_reference_lines():
     assert ax.get_ylim() == (-0.02, 1.02) and ax.get_xlabel() == "leak effect (pp)"
     _readable(fig)
     _close(fig)
+
+# --- the summary, the verdict table and the pixel-free leak (issue 24, items 1 and 5) -----------------
+
+SUMMARY_EST = _est([
+    dict(estimand="leak", intervention="none", estimate=0.13, ci_low=0.091, ci_high=0.168),
+    # removed (share 92%), cost interval includes 0: acceptable
+    *_intervention("reinhard_unseen_field", (0.12, 0.08, 0.16), (0.92, 0.6, 1.2), (0.01, -0.01, 0.03)),
+    # removed (77%), but cost 8.0 pp, interval above 0 and not below half the leak (6.5 pp): too costly
+    *_intervention("greyscale", (0.10, 0.06, 0.14), (0.77, 0.45, 1.1), (0.08, 0.05, 0.11)),
+    # partly removed (23%), cost 5.0 pp above 0 but below 6.5 pp: acceptable
+    *_intervention("low_pass:sigma=2.0", (0.03, 0.01, 0.05), (0.23, 0.08, 0.4), (0.05, 0.03, 0.07)),
+    # not removed (cut's interval includes 0)
+    *_intervention("background_removal", (0.005, -0.01, 0.02), (0.04, -0.08, 0.15), (0.0, -0.01, 0.01)),
+    dict(estimand="leak", intervention="none", condition="none", estimate=-0.012, ci_low=-0.05, ci_high=0.026),
+])
+
+
+def test_summary_reads_a_leak_its_removers_and_no_leak_from_constructed_estimates():
+    from shortcutlab.report.summary import summary_sentences, verdict_display, verdict_rows
+
+    validity = validity_table(SUMMARY_EST)
+    rows = verdict_rows(SUMMARY_EST, validity).set_index("condition")
+    assert rows.loc["color", "leak_verdict"] == "leak" and rows.loc["none", "leak_verdict"] == "no leak"
+    assert rows.loc["color", "leak"] == 0.13 and rows.loc["none", "leak_ci_high"] == 0.026
+    assert rows.loc["color", "removed_by"] == "low_pass:sigma=2.0;reinhard_unseen_field"
+    assert rows.loc["color", "removed_at_a_cost"] == "greyscale"
+    assert rows.loc["color", "n_removers_tried"] == 4 and rows.loc["none", "removed_by"] == ""
+    text = summary_sentences(verdict_rows(SUMMARY_EST, validity), validity)
+    assert 3 <= len(text) <= 5
+    assert text[0] == ("Leak (leak-model minus clean-model accuracy on the common test crops): color +13.0 pp "
+                       "(95% CI +9.1 to +16.8 pp): leak; none -1.2 pp (95% CI -5.0 to +2.6 pp): no leak.")
+    removers = text[1]
+    assert removers.startswith("Removed at an acceptable clean cost (the clean-model cost's interval includes 0, or the "
+                               "cost is below 50% of the leak)? color: ")
+    assert "at a clean-model cost of +5.0 pp" in removers and "at a clean-model cost of +1.0 pp" in removers
+    assert "but costs clean models +8.0 pp, too much" in removers and "background removal" not in removers
+    assert text[-1] == ("The evidence rests on 5 seeds per condition; 'no leak' means the interval includes 0, not that a "
+                        "leak is ruled out (none up to +2.6 pp remains compatible).")
+    table = verdict_display(verdict_rows(SUMMARY_EST, validity)).set_index("condition")
+    assert table.loc["color", "leak (pp, 95% CI)"] == "+13.0 (+9.1 to +16.8)"
+    assert table.loc["none", "leak (pp, 95% CI)"] == "-1.2 (-5.0 to +2.6)"
+    assert table.loc["color", "removed at an acceptable clean cost by"] == \
+        "low-pass blur (sigma=2.0), Reinhard transfer to an unseen field"
+    assert table.loc["none", "removed at an acceptable clean cost by"] == "- (no leak shown)"
+
+
+def test_summary_without_intervals_says_so():
+    from shortcutlab.report.summary import summary_sentences, verdict_rows
+
+    est = _est([dict(estimand="leak", intervention="none", estimate=0.13, n_seeds=2, reason="2 seeds (an interval needs 3)"),
+                *[dict(r, n_seeds=2) for r in _intervention("greyscale", (0.1, np.nan, np.nan), (0.77, np.nan, np.nan),
+                                                              (0.0, np.nan, np.nan))]])
+    validity = validity_table(est)
+    rows = verdict_rows(est, validity)
+    assert rows["leak_verdict"].tolist() == ["no interval"]
+    text = summary_sentences(rows, validity)
+    assert text[0].endswith("color +13.0 pp; no interval (2 seeds; an interval needs 3), so it is neither called a leak nor "
+                            "ruled out.")
+    assert text[1] == "No leak is shown, so no intervention is read as removing one."
+    assert text[-1] == ("The evidence rests on 2 seeds per condition: too few for any interval (an interval needs 3), "
+                        "so nothing here is called a leak or ruled out.")
+
+
+@pytest.mark.parametrize("args, verdict", [
+    ((0.05, 0.01, 0.09), "leak"), ((-0.05, -0.09, -0.01), "negative leak"), ((0.01, -0.02, 0.04), "no leak"),
+    ((0.05, np.nan, np.nan), "no interval"), ((np.nan, np.nan, np.nan), "no estimate"), ((0.0, 0.0, 0.0), "no leak")])
+def test_leak_verdict_rules(args, verdict):
+    from shortcutlab.report.summary import leak_verdict
+
+    assert leak_verdict(*args) == verdict
+
+
+def test_acceptable_cost_rule():
+    from shortcutlab.report.summary import acceptable_cost
+
+    assert acceptable_cost(0.08, -0.01, 0.17, 0.10)            # interval includes 0, whatever the size
+    assert acceptable_cost(0.049, 0.02, 0.08, 0.10)            # below half of a 10 pp leak
+    assert not acceptable_cost(0.05, 0.02, 0.08, 0.10)         # exactly half: not below it
+    assert not acceptable_cost(0.06, np.nan, np.nan, 0.10)     # no interval, above half
+    assert acceptable_cost(-0.02, -0.04, -0.01, 0.10)          # a gain on clean models
+
+
+def test_the_report_opens_with_the_summary_of_its_estimates(simulated_report):
+    _, paths, html, md = simulated_report
+    assert html.index('<h2 id="summary">') < html.index("<p>Sweep folder:") < html.index('<h2 id="audit">')
+    assert md.index("## Summary") < md.index("## Audit card of the data")
+    est = pd.read_csv(paths["estimates"])
+    summary = _section(html, "summary")
+    for cond in ("color", "none"):
+        row = est[(est["estimand"] == "leak") & (est["condition"] == cond) & (est["intervention"] == "none")
+                  & (est["arch"] == "a")].iloc[0]
+        nums = f"{100 * row['estimate']:+.1f} pp (95% CI {100 * row['ci_low']:+.1f} to {100 * row['ci_high']:+.1f} pp)"
+        verdict = "leak" if row["ci_low"] > 0 else "no leak"
+        assert f"{cond} {nums}: {verdict}" in summary
+    verdicts = pd.read_csv(paths["verdicts"]).set_index("condition")
+    assert verdicts.loc["color", "leak"] == pytest.approx(est[(est["estimand"] == "leak") & (est["condition"] == "color")
+                                                              & (est["intervention"] == "none")]["estimate"].iloc[0])
+    # reinhard copies the clean answers onto the leak models and costs clean models nothing
+    assert verdicts.loc["color", "removed_by"] == "reinhard_unseen_field"
+    assert pd.isna(verdicts.loc["color", "pixel_free_verdict"])  # no benchmark on disk: not measured, said so
+    assert "was not measured: no leak model&#x27;s benchmark with crop boxes" in summary
+
+
+def test_pixel_free_leak_is_the_leak_on_those_crops_by_hand():
+    from shortcutlab.report.pixel_free import pixel_free_leak
+
+    pred = simulate_factorial(n_seeds=4, n_parents=12, crops_per_parent=3, effect=1.0, condition="c", seed=3)
+    for c in ("id", "exposure", "arch"):
+        pred[c] = pred[c].astype(str)
+    rng = np.random.default_rng(0)
+    crops = []
+    for s in range(4):
+        ids = sorted(pred.loc[pred["seed"] == s, "id"].unique())
+        crops += [dict(condition="c", seed=s, diversity=pred["diversity"].iloc[0], id=i)
+                  for i in rng.choice(ids, size=len(ids) // 2, replace=False)]
+    crops = pd.DataFrame(crops)
+    rows = pixel_free_leak(pred, crops, n_boot=200)
+    keep = pred.merge(crops, on=["condition", "seed", "diversity", "id"])
+    hand = keep.loc[keep["exposure"] == "leak", "correct"].mean() - keep.loc[keep["exposure"] == "clean", "correct"].mean()
+    assert len(rows) == 1 and rows["estimate"].iloc[0] == pytest.approx(hand, abs=1e-12)
+    assert rows["n_crops"].iloc[0] == len(crops) and rows["ci_low"].iloc[0] < hand < rows["ci_high"].iloc[0]
+    assert pixel_free_leak(pred, crops.iloc[0:0], n_boot=200).empty
+
+
+def test_the_audit_card_lists_only_the_cells_asked_for(tmp_path):
+    from shortcutlab.data.splits import factorial_split
+    from shortcutlab.data.table import CropTable
+    from shortcutlab.report.tables import audit_card
+    from shortcutlab.synth import SynthConfig, synthesize
+
+    data = synthesize(SynthConfig(seed=1, fields_per_class=10, crop_size=16, mechanisms="none"))
+    data.table.to_csv(tmp_path / "crops.csv", index=False)
+    table = CropTable.from_csv(str(tmp_path / "crops.csv"), id="id", label="label", parent="parent", box="x,y,w,h")
+    factorial_split(table, seed=1, test_parent_share=0.3).to_csv(str(tmp_path / "split.csv"))
+    card = audit_card(str(tmp_path / "crops.csv"), str(tmp_path / "split.csv"), geometry=True, cells=["leak-high", "clean-high"])
+    assert set(card["cells"]) == {"leak-high", "clean-high"}
+    assert len(audit_card(str(tmp_path / "crops.csv"), str(tmp_path / "split.csv"))["cells"]) == 4
+    assert card["split_text"].startswith("factorial: one common test set (30% of the parents, ")
+    # counts and shares by hand from the two CSV files
+    crops = pd.read_csv(tmp_path / "crops.csv", dtype={"id": str})
+    split = pd.read_csv(tmp_path / "split.csv", comment="#", dtype={"id": str})
+    for cell, c in card["cells"].items():
+        s = split[split["cell"] == cell].merge(crops[["id", "parent"]], on="id")
+        test, train = s[s["split"] == "test"], s[s["split"] == "train"]
+        assert c["n_test"] == len(test) and c["n_train"] == len(train) and c["test_parents"] == test["parent"].nunique()
+        assert c["with_train_sibling"] == pytest.approx(test["parent"].isin(set(train["parent"])).mean())

@@ -50,6 +50,29 @@ def side_codes(table: CropTable, assignment: pd.DataFrame) -> np.ndarray:
     return side
 
 
+def no_shared_pixel_ids(table: CropTable, split: SplitManifest, cell: str | None = None) -> set[str]:
+    """Ids of the test crops of `split` (of its `cell`) that share no pixel with any of that
+    cell's training crops: the paper's exploratory pixel-free subset, where a leak cannot
+    come from memorised pixels, only from the seen parent.
+
+    Args:
+        table: the crops, with boxes (`CropTable.overlap_pairs`; two crops share pixels when
+            they share a parent and their boxes intersect with positive area).
+        split: the manifest.
+        cell: one cell of a multi-cell manifest (a factorial's ``leak-high``), None for a
+            single-cell one.
+
+    Returns:
+        the ids, as strings.
+
+    Raises:
+        SplitError: the manifest names crops the table does not have, or `cell` is unknown.
+    """
+    side = side_codes(table, split.cell(cell))
+    shared = has_overlapping_partner(table.overlap_pairs, side == 2, side == 0)
+    return set(table.ids[(side == 2) & ~shared].astype(str))
+
+
 def measure_split(table: CropTable, assignment: pd.DataFrame) -> dict:
     """Figures measured on one split (one cell of a manifest).
 

@@ -12,8 +12,10 @@ from shortcutlab.io import OutputError, atomic_dir, claim_output_dir
 from shortcutlab.report import readings as rd
 from shortcutlab.report.figures import Section, accuracy_section, dose_section, examples_section, forest_section, gradcam_section, left_out
 from shortcutlab.report.folder import ReportError, SweepFolder
+from shortcutlab.report.pixel_free import pixel_free_crops, pixel_free_leak
 from shortcutlab.report.render import to_html, to_markdown
 from shortcutlab.report.sensitivity import sensitivity_section, sensitivity_summary_of
+from shortcutlab.report.summary import summary_section
 from shortcutlab.report.tables import audit_card, dose_pairs, registered_table, validity_table
 from shortcutlab.stats.bootstrap import MIN_CLUSTERS
 from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
@@ -115,43 +117,26 @@ def _diagnostic_phrase(kind: str, item: str) -> str:
 
 
 def audit_section(folder: SweepFolder, results: pd.DataFrame | None) -> Section:
+    """The audit card: per condition (one seed's benchmark and split) the data in one sentence,
+    and a row per cell a model was trained on (a factorial's cells that no model trained are
+    left out: they describe nothing the report measures)."""
     key, title = "audit", "Audit card of the data"
     refs = folder.benchmarks()
     if not refs:
         return left_out(key, title, "no benchmark and split of the sweep are on disk (tasks/split/<id>/ with its manifest)")
+    trained: dict[str, set] = {}
+    for m in folder.models():
+        if m.cell:      # a model listed without its cell (an older sweep.json) leaves its condition's cells all shown
+            trained.setdefault(m.condition, set()).add(m.cell)
     rows, notes, sentences = [], [], []
     for cond, ref in sorted(refs.items()):
         try:
-            card = audit_card(ref.manifest, ref.split, ref.columns, ref.geometry, results)
+            card = audit_card(ref.manifest, ref.split, ref.columns, ref.geometry, results, cells=trained.get(cond))
         except Exception as e:  # noqa: BLE001 - one benchmark's failure is named, the rest shown
             notes.append(f"{cond}: the audit failed ({' '.join(str(e).split())[:200]}).")
             continue
-        for cell, c in sorted(card["cells"].items()):
-            row = {"condition": cond, "seed": ref.seed, "crops": card["n_crops"], "parents": card["n_parents"],
-                   "classes": card["n_classes"], "sibling share (table)": rd.pct(card["sibling_share"]),
-                   "protocol": card["protocol"], "split unit": card["unit"], "cell": cell or "-",
-                   "train crops": c["n_train"], "test crops": c["n_test"], "test parents": c["test_parents"],
-                   "test with a training sibling": rd.pct(c["with_train_sibling"]),
-                   "test with a pixel-overlapping training sibling": rd.pct(c["with_overlapping_train_sibling"])
-                   if c["with_overlapping_train_sibling"] is not None else "n/a (no boxes)"}
-            if "siblings_share" in card:
-                row["siblings diagnostic share"] = rd.pct(card["siblings_share"])
-            rows.append(row)
-        cells = card["cells"]
-        leak = [c for n, c in cells.items() if n.startswith("leak")]
-        clean = [c for n, c in cells.items() if n.startswith("clean")]
-        s = (f"{card['n_crops']:,} crops from {card['n_parents']:,} parents in {card['n_classes']} classes "
-             f"({rd.pct(card['sibling_share'])} of crops have a sibling); split {card['protocol']} by {card['unit']}")
-        if leak and clean:
-            s += (f"; in leak cells {rd.pct(np.mean([c['with_train_sibling'] for c in leak]))} of test crops have a training "
-                  f"sibling, in clean cells {rd.pct(np.mean([c['with_train_sibling'] for c in clean]))}")
-            ov = [c["with_overlapping_train_sibling"] for c in leak if c["with_overlapping_train_sibling"] is not None]
-            if ov:
-                s += f", and {rd.pct(np.mean(ov))} share pixels with one in leak cells"
-        elif cells:
-            c = next(iter(cells.values()))
-            s += f"; {rd.pct(c['with_train_sibling'])} of test crops have a training sibling"
-        sentences.append((cond, s))
+        rows += _audit_rows(cond, ref.seed, card)
+        sentences.append((cond, _audit_sentence(card)))
     if not rows:
         sec = left_out(key, title, "no benchmark of the sweep could be audited")
         sec.notes = notes
@@ -161,9 +146,43 @@ def audit_section(folder: SweepFolder, results: pd.DataFrame | None) -> Section:
         groups.setdefault(s, []).append(str(cond))
     reading = "; ".join(f"{', '.join(conds)}: {s}" for s, conds in groups.items()) + "."
     sec = Section(key, title, reading=reading, table=pd.DataFrame(rows), notes=notes)
-    sec.notes.append("Audited on one seed's benchmark and split per condition (the lowest seed); sibling share = crops "
-                     "whose parent holds another crop; shares of test crops are measured on the split (shortcutlab.data.audit).")
+    sec.notes.append("Audited on one seed's benchmark and split per condition (the lowest seed), for the cells a model was "
+                     "trained on; sibling share = crops whose parent holds another; shares of test crops are measured on "
+                     "the split (shortcutlab.data.audit).")
     return sec
+
+
+def _audit_rows(cond: str, seed: int, card: dict) -> list[dict]:
+    """The audit table's rows of one condition: one per trained cell."""
+    rows = []
+    for cell, c in sorted(card["cells"].items()):
+        row = {"condition": cond, "seed": seed, "cell": cell or "-", "train crops": c["n_train"], "test crops": c["n_test"],
+               "test parents": c["test_parents"], "test with a training sibling": rd.pct(c["with_train_sibling"]),
+               "test with a pixel-overlapping training sibling": rd.pct(c["with_overlapping_train_sibling"])
+               if c["with_overlapping_train_sibling"] is not None else "n/a (no boxes)"}
+        if "siblings_share" in card:
+            row["siblings diagnostic share"] = rd.pct(card["siblings_share"])
+        rows.append(row)
+    return rows
+
+
+def _audit_sentence(card: dict) -> str:
+    """One condition's audit in words: the data, how it was split, and its cells' sibling shares."""
+    cells = card["cells"]
+    leak = [c for n, c in cells.items() if n.startswith("leak")]
+    clean = [c for n, c in cells.items() if n.startswith("clean")]
+    s = (f"{card['n_crops']:,} crops from {card['n_parents']:,} parents in {card['n_classes']} classes "
+         f"({rd.pct(card['sibling_share'])} of crops have a sibling); split {card['split_text']}")
+    if leak and clean:
+        s += (f"; in leak cells {rd.pct(np.mean([c['with_train_sibling'] for c in leak]))} of test crops have a training "
+              f"sibling, in clean cells {rd.pct(np.mean([c['with_train_sibling'] for c in clean]))}")
+        ov = [c["with_overlapping_train_sibling"] for c in leak if c["with_overlapping_train_sibling"] is not None]
+        if ov:
+            s += f", and {rd.pct(np.mean(ov))} share pixels with one in leak cells"
+    elif cells:
+        c = next(iter(cells.values()))
+        s += f"; {rd.pct(c['with_train_sibling'])} of test crops have a training sibling"
+    return s
 
 
 def _slopes(pairs: pd.DataFrame, n_boot: int, seed: int, level: float) -> pd.DataFrame | None:
@@ -178,7 +197,7 @@ def _slopes(pairs: pd.DataFrame, n_boot: int, seed: int, level: float) -> pd.Dat
 
 
 #: what `build_report` writes in its folder (``name/``: a folder it owns whole)
-REPORT_FILES = ("report.html", "report.md", "estimates.csv", "validity.csv", "figures/")
+REPORT_FILES = ("report.html", "report.md", "estimates.csv", "validity.csv", "verdicts.csv", "figures/")
 
 
 def _is_legacy_report(out: str) -> bool:
@@ -201,7 +220,9 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
                  level: float = 0.95, examples: bool = True, device: str = "cpu", analysis: dict | None = None,
                  interval: str = "cgm") -> dict:
     """Write the report of a sweep folder: ``report.html`` (self-contained), ``report.md`` with
-    ``figures/*.png``, and the tables it reads from (``estimates.csv``, ``validity.csv``).
+    ``figures/*.png``, and the tables it reads from (``estimates.csv``, ``validity.csv``,
+    ``verdicts.csv``). The report opens with its answer (`summary.summary_section`): a few
+    sentences and the verdict table, then the audit card and the rest.
 
     The folder `out` (default ``DIR/report``) is built under a temporary name and swapped in
     whole (`io.atomic_dir`): a failed report leaves the previous one.
@@ -220,7 +241,8 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         interval: the interval method without `analysis` ("cgm", default, or "pigeonhole").
 
     Returns:
-        dict of paths: dir, html, markdown, figures (list), estimates, validity.
+        dict of paths: dir, html, markdown, figures (list), estimates, validity, verdicts (the
+        summary's verdict table in numbers, `summary.VERDICT_COLUMNS`).
 
     Raises:
         ReportError: the folder is missing, has no predictions, or a table is corrupt.
@@ -238,11 +260,29 @@ def build_report(sweep_dir: str | os.PathLike, out: str | os.PathLike | None = N
         interval = analysis.get("interval") or interval if analysis is not None else interval
         est = _estimates(pred, folder.results, analysis, n_boot, seed, level, interval)
         sections, vtable = _sections(folder, est, n_boot, seed, level, examples, device)
+        free, free_note = _pixel_free(folder, pred, n_boot, seed, level, interval)
+        lead, verdicts = summary_section(est, vtable, free, level)
+        lead.notes += free_note
     caught = _caught(w)
     intro = _intro(folder, n_boot, seed, level, interval) + [_registration_line(folder.path, analysis)]
-    html_text = to_html(TITLE, intro, sections, caught)
-    md_text = to_markdown(TITLE, intro, sections, caught)
-    return _write(out, sections, est, vtable, html_text, md_text)
+    html_text = to_html(TITLE, intro, sections, caught, lead=lead)
+    md_text = to_markdown(TITLE, intro, sections, caught, lead=lead)
+    return _write(out, [lead] + sections, est, vtable, html_text, md_text, verdicts)
+
+
+def _pixel_free(folder: SweepFolder, pred: pd.DataFrame, n_boot: int, seed: int, level: float,
+                interval: str) -> tuple[pd.DataFrame | None, list[str]]:
+    """The leak on the pixel-free test crops (`pixel_free.pixel_free_leak`), and a note where it
+    could not be measured: no benchmark with boxes on disk, or its files failed to read."""
+    try:
+        crops = pixel_free_crops(folder)
+    except Exception as e:  # noqa: BLE001 - the summary stands without it, saying why
+        return None, [f"The leak on test crops sharing no pixel with a training crop was not measured: reading the "
+                      f"benchmark and split failed ({' '.join(str(e).split())[:200]})."]
+    if crops.empty:
+        return None, ["The leak on test crops sharing no pixel with a training crop was not measured: no leak model's "
+                      "benchmark with crop boxes (x, y, w, h) and split is in the sweep folder."]
+    return pixel_free_leak(pred, crops, n_boot=n_boot, seed=seed, level=level, interval=interval), []
 
 
 # --- registration and the config's analysis settings (issue 23, item 5) -------------------
@@ -374,10 +414,11 @@ def _intro(folder: SweepFolder, n_boot: int, seed: int, level: float, interval: 
 
 
 def _write(out: str, sections: list[Section], est: pd.DataFrame, vtable: pd.DataFrame, html_text: str,
-           md_text: str) -> dict:
+           md_text: str, verdicts: pd.DataFrame) -> dict:
     """Write the report's files into `out` as one set (`io.atomic_dir`); their paths."""
     paths = {"dir": out, "html": os.path.join(out, "report.html"), "markdown": os.path.join(out, "report.md"),
-             "estimates": os.path.join(out, "estimates.csv"), "validity": os.path.join(out, "validity.csv"), "figures": []}
+             "estimates": os.path.join(out, "estimates.csv"), "validity": os.path.join(out, "validity.csv"),
+             "verdicts": os.path.join(out, "verdicts.csv"), "figures": []}
     with atomic_dir(out, "report", REPORT_FILES, _is_legacy_report) as tmp:
         os.makedirs(os.path.join(tmp, "figures"))
         for s in sections:
@@ -387,6 +428,7 @@ def _write(out: str, sections: list[Section], est: pd.DataFrame, vtable: pd.Data
                 paths["figures"].append(os.path.join(out, "figures", f"{s.key}.png"))
         est.to_csv(os.path.join(tmp, "estimates.csv"), index=False)
         vtable.to_csv(os.path.join(tmp, "validity.csv"), index=False)
+        verdicts.to_csv(os.path.join(tmp, "verdicts.csv"), index=False)
         with open(os.path.join(tmp, "report.md"), "w", encoding="utf-8") as f:
             f.write(md_text)
         with open(os.path.join(tmp, "report.html"), "w", encoding="utf-8") as f:

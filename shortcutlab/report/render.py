@@ -42,24 +42,33 @@ def _md_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def to_html(title: str, intro: list[str], sections, warnings_: list[str]) -> str:
+def _html_section(s) -> list[str]:
+    parts = [f'<h2 id="{html.escape(s.key)}">{html.escape(s.title)}</h2>']
+    if s.png is not None:
+        data = base64.b64encode(s.png).decode("ascii")
+        parts.append(f'<img alt="{html.escape(s.title)}" src="data:image/png;base64,{data}">')
+    if s.missing:
+        parts.append(f'<p class="missing">{html.escape(s.missing)}</p>')
+    if s.reading:
+        parts.append('<p class="reading">' + "<br>".join(html.escape(line) for line in s.reading.split("\n")) + "</p>")
+    if s.table is not None and len(s.table):
+        parts.append(_html_table(s.table))
+    if s.notes:
+        parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in s.notes) + "</ul>")
+    return parts
+
+
+def to_html(title: str, intro: list[str], sections, warnings_: list[str], lead=None) -> str:
+    """The report page: the title, the `lead` section (the answer, before anything else), the
+    intro paragraphs, a table of contents and the sections."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
              f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    if lead is not None:
+        parts += _html_section(lead)
     parts += [f"<p>{html.escape(p)}</p>" for p in intro]
     parts.append("<ul>" + "".join(f'<li><a href="#{html.escape(s.key)}">{html.escape(s.title)}</a></li>' for s in sections) + "</ul>")
     for s in sections:
-        parts.append(f'<h2 id="{html.escape(s.key)}">{html.escape(s.title)}</h2>')
-        if s.png is not None:
-            data = base64.b64encode(s.png).decode("ascii")
-            parts.append(f'<img alt="{html.escape(s.title)}" src="data:image/png;base64,{data}">')
-        if s.missing:
-            parts.append(f'<p class="missing">{html.escape(s.missing)}</p>')
-        if s.reading:
-            parts.append('<p class="reading">' + "<br>".join(html.escape(line) for line in s.reading.split("\n")) + "</p>")
-        if s.table is not None and len(s.table):
-            parts.append(_html_table(s.table))
-        if s.notes:
-            parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in s.notes) + "</ul>")
+        parts += _html_section(s)
     if warnings_:
         parts.append('<h2 id="warnings">Warnings raised while estimating</h2>')
         parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(w)}</li>" for w in warnings_) + "</ul>")
@@ -67,25 +76,34 @@ def to_html(title: str, intro: list[str], sections, warnings_: list[str]) -> str
     return "\n".join(parts) + "\n"
 
 
-def to_markdown(title: str, intro: list[str], sections, warnings_: list[str], figure_dir: str = "figures") -> str:
+def _md_section(s, figure_dir: str) -> list[str]:
+    e = md_escape
+    lines = [f"## {e(s.title)}", ""]
+    if s.png is not None:
+        lines += [f"![{e(s.title)}]({figure_dir}/{s.key}.png)", ""]
+    if s.missing:
+        lines += [f"*{e(s.missing)}*", ""]
+    if s.reading:
+        lines += ["**Reading.** " + "\n\n".join(e(line) for line in s.reading.split("\n")), ""]
+    if s.table is not None and len(s.table):
+        lines += [_md_table(s.table), ""]
+    for n in s.notes:
+        lines.append(f"- {e(' '.join(str(n).splitlines()))}")
+    if s.notes:
+        lines.append("")
+    return lines
+
+
+def to_markdown(title: str, intro: list[str], sections, warnings_: list[str], figure_dir: str = "figures", lead=None) -> str:
+    """`to_html`'s twin, with the figures as files in `figure_dir`."""
     e = md_escape
     lines = [f"# {e(title)}", ""]
+    if lead is not None:
+        lines += _md_section(lead, figure_dir)
     for p in intro:
         lines += [e(p), ""]
     for s in sections:
-        lines += [f"## {e(s.title)}", ""]
-        if s.png is not None:
-            lines += [f"![{e(s.title)}]({figure_dir}/{s.key}.png)", ""]
-        if s.missing:
-            lines += [f"*{e(s.missing)}*", ""]
-        if s.reading:
-            lines += ["**Reading.** " + "\n\n".join(e(line) for line in s.reading.split("\n")), ""]
-        if s.table is not None and len(s.table):
-            lines += [_md_table(s.table), ""]
-        for n in s.notes:
-            lines.append(f"- {e(' '.join(str(n).splitlines()))}")
-        if s.notes:
-            lines.append("")
+        lines += _md_section(s, figure_dir)
     if warnings_:
         lines += ["## Warnings raised while estimating", ""] + [f"- {e(w)}" for w in warnings_] + [""]
     return "\n".join(lines)

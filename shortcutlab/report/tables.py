@@ -5,7 +5,7 @@ Units: fractions (accuracies, R, outside mass, effects); the readings print them
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -15,7 +15,7 @@ from shortcutlab.report.readings import (diagnostic_class, diagnostic_label, hea
                                          suppliers)
 from shortcutlab.stats import get_estimand
 from shortcutlab.stats.hypotheses import registered_tests
-from shortcutlab.stats.units import format_interval, format_value, is_nan, pp_number
+from shortcutlab.stats.units import format_interval, format_value, is_nan, pct, pp_number
 
 PAIR_KEYS = ["condition", "arch", "diversity", "seed"]
 
@@ -418,7 +418,7 @@ def _leak_metric_validity(results: pd.DataFrame, sources: dict, head: dict, boot
 # --- the audit card ------------------------------------------------------------------------------
 
 def audit_card(manifest: str, split: str, columns: dict | None = None, geometry: bool = False,
-               results: pd.DataFrame | None = None) -> dict:
+               results: pd.DataFrame | None = None, cells: Iterable[str] | None = None) -> dict:
     """The data's audit card for one benchmark and split: parents, crops, classes, split unit
     and protocol, and per cell of the split the test side's share with a training sibling
     and with a pixel-overlapping training sibling (`shortcutlab.data.audit`).
@@ -426,10 +426,18 @@ def audit_card(manifest: str, split: str, columns: dict | None = None, geometry:
     Hook: where `results` holds rows of a ``siblings`` diagnostic (metric ``share``), their
     mean is added as ``siblings_share``.
 
+    Args:
+        manifest, split: the crop manifest and split manifest CSVs.
+        columns: the crop manifest's id/label/parent columns where not so named.
+        geometry: the manifest has boxes (x, y, w, h): measure pixel overlap.
+        results: the sweep's results rows, or None.
+        cells: the cells to keep (those a model was trained on); None keeps every cell.
+
     Returns:
         dict with n_crops, n_parents, n_classes, sibling_share (closed form: crops whose parent
-        holds another), protocol, unit, params, sha256, and cells: {cell: {n_test, n_train,
-        test_parents, with_train_sibling, with_overlapping_train_sibling}}.
+        holds another), protocol, unit, params, sha256, split_text (how the split was made, in
+        words: `split_words`), and cells: {cell: {n_test, n_train, test_parents,
+        with_train_sibling, with_overlapping_train_sibling}}.
     """
     from shortcutlab.data.audit import audit
     from shortcutlab.data.manifest import SplitManifest
@@ -445,14 +453,16 @@ def audit_card(manifest: str, split: str, columns: dict | None = None, geometry:
         warnings.simplefilter("ignore")
         res = audit(table, split=sm)
     measured = res.get("measured") or {}
-    cells = measured if measured and "train" not in measured else {"": measured}
+    found = measured if measured and "train" not in measured else {"": measured}
+    unit = (sm.params or {}).get("unit", "parent" if sm.protocol in ("factorial", "parent", "parent-dedup") else
+                                  "crop" if sm.protocol == "crop" else "unknown")
     card = dict(n_crops=res["n_crops"], n_parents=res["n_parents"], n_classes=res["n_classes"],
-                sibling_share=res["sibling_share"], protocol=sm.protocol,
-                unit=(sm.params or {}).get("unit", "parent" if sm.protocol in ("factorial", "parent", "parent-dedup") else
-                                           "crop" if sm.protocol == "crop" else "unknown"),
-                params={k: v for k, v in (sm.params or {}).items() if k != "dedup"}, sha256=sm.hash, cells={})
-    for name, m in cells.items():
-        if not isinstance(m, dict) or "test" not in m:
+                sibling_share=res["sibling_share"], protocol=sm.protocol, unit=unit,
+                params={k: v for k, v in (sm.params or {}).items() if k != "dedup"}, sha256=sm.hash,
+                split_text=split_words(sm.protocol, unit, sm.params or {}, sm.report or {}), cells={})
+    keep = None if cells is None else {str(x) for x in cells}
+    for name, m in found.items():
+        if not isinstance(m, dict) or "test" not in m or (keep is not None and name and name not in keep):
             continue
         t = m["test"]
         card["cells"][name] = dict(n_train=m.get("train", {}).get("n_crops"), n_test=t["n_crops"], test_parents=t["n_parents"],
@@ -463,6 +473,24 @@ def audit_card(manifest: str, split: str, columns: dict | None = None, geometry:
         if not s.empty:
             card["siblings_share"] = float(s["value"].mean())
     return card
+
+
+def split_words(protocol: str, unit: str, params: dict, report: dict) -> str:
+    """How a split was made, in words: the factorial's design ('factorial: one common test set
+    (30% of the parents); leak cells train on other crops of the test parents, clean cells on
+    other parents'), else '<protocol> by <unit>'."""
+    if protocol != "factorial":
+        return f"{protocol} by {unit}"
+    share = params.get("test_parent_share")
+    n = report.get("n_test_parents")
+    of = ", ".join(x for x in (f"{pct(share)} of the parents" if share is not None else "",
+                               f"{n:,} parents" if isinstance(n, int) else "") if x)
+    text = (f"factorial: one common test set{f' ({of})' if of else ''}; leak cells train on other crops of the test "
+            f"parents, clean cells on other parents")
+    reserved = report.get("n_reserved_parents")
+    if isinstance(reserved, int) and reserved:
+        text += f"; {reserved:,} parents held back as unseen fields"
+    return text
 
 
 # --- the registered tests (the paper's Table 2) ---------------------------------------------------

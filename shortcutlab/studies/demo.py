@@ -224,16 +224,11 @@ def run_condition(mechanisms: tuple[str, ...], seed: int, cfg: DemoConfig, out_d
 
 def _no_shared_pixels(table: CropTable, split) -> dict[str, set]:
     """Per diversity level, the ids of common-test crops that share no pixel with any training
-    crop of that level's leak cell (the paper's exploratory pixel-free subset)."""
-    from shortcutlab.data.audit import side_codes
-    from shortcutlab.data.overlap import has_overlapping_partner
+    crop of that level's leak cell (the paper's exploratory pixel-free subset;
+    `data.audit.no_shared_pixel_ids`, which the report reads too)."""
+    from shortcutlab.data.audit import no_shared_pixel_ids
 
-    out = {}
-    for level in ("high", "low"):
-        side = side_codes(table, split.cell(f"leak-{level}"))
-        shared = has_overlapping_partner(table.overlap_pairs, side == 2, side == 0)
-        out[level] = set(table.ids[(side == 2) & ~shared].astype(str))
-    return out
+    return {level: no_shared_pixel_ids(table, split, f"leak-{level}") for level in ("high", "low")}
 
 
 def leak_effects(results: pd.DataFrame) -> pd.DataFrame:
@@ -282,7 +277,12 @@ def run_demo(out_dir: str, cfg: DemoConfig = DemoConfig()) -> dict:
     """Run every condition and seed; write results.csv, effects.csv and summary.json.
 
     Returns:
-        The summary: mean leak effect (percentage points) per condition, and the file paths.
+        The summary: with the report, ``estimates``: the report's verdict rows
+        (`report_estimates`: the pooled leak per condition with its interval and verdict, and
+        the same on the test crops sharing no pixel with a training crop), the numbers the
+        report opens with; always the per-seed means of effects.csv (``mean_leak_effect_pp``,
+        ``mean_leak_effect_no_shared_pixels_pp``: no interval), the mean test accuracy, the
+        minutes, the config and the file paths.
     """
     # A folder that cannot be written, or holds files the demo did not write, is refused
     # before the first model trains; it is marked as the demo's at once, so a demo stopped
@@ -316,11 +316,78 @@ def run_demo(out_dir: str, cfg: DemoConfig = DemoConfig()) -> dict:
     if report is not None:
         summary["files"]["report"] = os.path.relpath(report["html"], out_dir)
         summary["report"] = report["html"]
+        summary["estimates"] = report_estimates(report["verdicts"])
     # effects.csv and summary.json appear together (summary last) or not at all.
     with atomic_files() as stage:
         effects.to_csv(stage.path(os.path.join(out_dir, "effects.csv")), index=False)
         write_json(stage.path(os.path.join(out_dir, "summary.json")), summary)
     return summary
+
+
+#: `report_estimates`' keys of the report's verdict rows (`report.summary.VERDICT_COLUMNS`)
+#: in percentage points
+PP_KEYS = {"leak": "leak_pp", "leak_ci_low": "leak_ci_low_pp", "leak_ci_high": "leak_ci_high_pp",
+           "pixel_free_leak": "pixel_free_leak_pp", "pixel_free_ci_low": "pixel_free_ci_low_pp",
+           "pixel_free_ci_high": "pixel_free_ci_high_pp"}
+
+
+def report_estimates(verdicts_csv: str) -> list[dict]:
+    """The report's verdict rows (its ``verdicts.csv``) as JSON-ready dicts: condition,
+    diversity, arch, the leak and its interval in pp (None: no interval), its verdict, seeds,
+    the same on the pixel-free test crops, and the interventions that remove it at an
+    acceptable clean cost (a list of settings)."""
+    v = pd.read_csv(verdicts_csv, keep_default_na=False, na_values=[""], dtype={"condition": str, "diversity": str})
+    out = []
+    for r in v.to_dict("records"):
+        row = {"condition": r["condition"], "diversity": r["diversity"] or "", "arch": str(r["arch"]),
+               "n_seeds": None if pd.isna(r["n_seeds"]) else int(r["n_seeds"]), "leak_verdict": r["leak_verdict"],
+               "pixel_free_verdict": r["pixel_free_verdict"] if isinstance(r["pixel_free_verdict"], str) else "",
+               "pixel_free_n_crops": None if pd.isna(r["pixel_free_n_crops"]) else int(r["pixel_free_n_crops"]),
+               "removed_by": [x for x in str(r["removed_by"] if isinstance(r["removed_by"], str) else "").split(";") if x]}
+        row.update({k: None if pd.isna(r[c]) else 100 * float(r[c]) for c, k in PP_KEYS.items()})
+        out.append(row)
+    return out
+
+
+def summary_lines(summary: dict, level: float = 0.95) -> list[str]:
+    """What `shortcutlab demo` prints of its summary: with the report, the report's pooled
+    leak per condition with its interval and verdict, and on the pixel-free test crops (the
+    words of `report.summary.leak_clause`); without it, the per-seed means and no interval."""
+    from shortcutlab.report.readings import intervention_label
+    from shortcutlab.report.summary import leak_clause
+
+    rows = summary.get("estimates")
+    if rows is None:
+        lines = ["  leak - clean test accuracy, mean over seeds (no interval: the report was not written):"]
+        for cond, eff in summary["mean_leak_effect_pp"].items():
+            nsp = summary["mean_leak_effect_no_shared_pixels_pp"][cond]
+            lines.append(f"  {cond:<12} {eff:+.1f} pp; on test crops sharing no pixel with a leak training crop {nsp:+.1f} pp")
+        return lines
+    several = len({r["diversity"] for r in rows}) > 1
+    lines = ["  leak = leak-model minus clean-model accuracy on the common test crops, pooled over seeds and crops "
+             "(the report's estimates):"]
+    width = max(len(_where(r, several)) for r in rows) if rows else 0
+
+    def frac(x):
+        return float("nan") if x is None else x / 100
+
+    for r in rows:
+        pad = " " * width
+        lines.append(f"  {_where(r, several):<{width}}  leak " + leak_clause(
+            frac(r["leak_pp"]), frac(r["leak_ci_low_pp"]), frac(r["leak_ci_high_pp"]), r["leak_verdict"], level,
+            f"{r['n_seeds']} seed(s)"))
+        if r["pixel_free_verdict"]:
+            lines.append(f"  {pad}  on the test crops sharing no pixel with a leak training crop: " + leak_clause(
+                frac(r["pixel_free_leak_pp"]), frac(r["pixel_free_ci_low_pp"]), frac(r["pixel_free_ci_high_pp"]),
+                r["pixel_free_verdict"], level, "too few seeds or parents"))
+        if r["leak_verdict"] == "leak":
+            lines.append(f"  {pad}  removed at an acceptable clean cost by: "
+                         + (", ".join(intervention_label(i) for i in r["removed_by"]) or "nothing"))
+    return lines
+
+
+def _where(row: dict, several: bool) -> str:
+    return f"{row['condition']} ({row['diversity']})" if several and row["diversity"] else str(row["condition"])
 
 
 def finish_sweep(out_dir: str, cfg: DemoConfig) -> dict:
