@@ -44,8 +44,10 @@ The rules, stated once and used everywhere:
   and have no slope, and the rest repeat the estimate, so no interval is stated.
 - **Grad-CAM's randomised-head check passes** when the median Spearman correlation between
   the trained and the randomised-head maps is below 0.5 (the maps change when the head
-  does); the outside mass is said to match a randomised head's when the two means differ by
-  less than 5 pp.
+  does); it is **undefined**, not passed, when more than half of the randomised-head maps
+  are constant (or rho is undefined for more than half of the crops); the outside mass is
+  said to match a randomised head's when the two means differ by less than 5 pp, and maps
+  under 8 x 8 cells are called too coarse to tell the cell from its background.
 """
 
 from __future__ import annotations
@@ -310,11 +312,38 @@ def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level:
     return text + "."
 
 
+UNDEFINED_SHARE = 0.5    # the randomised-head check is "undefined" when more than this share of maps is constant
+COARSE_CELLS = 8         # a saliency layer under this many cells a side "is coarse": the reading says so
+
+
+def head_check_verdict(summary: dict) -> str:
+    """The randomised-head check's verdict from `gradcam_summary`'s dict: 'undefined: N of M
+    randomised-head maps are constant' (more than `UNDEFINED_SHARE` of them; or 'undefined:
+    rho is undefined for N of M crops' where the trained maps are the constant ones), else
+    'passes' (median rho below `HEAD_CHECK_RHO`) or 'fails'; 'n/a' without a rho or a count."""
+    m = summary.get("maps")
+    const, undefined = summary.get("randomized_constant_maps"), summary.get("randomized_undefined")
+    if m:
+        if const is not None and const / m > UNDEFINED_SHARE:
+            return f"undefined: {const} of {m} randomised-head maps are constant"
+        if undefined is not None and undefined / m > UNDEFINED_SHARE:
+            return f"undefined: rho is undefined for {undefined} of {m} crops (a constant map)"
+    rho = summary.get("randomized_head_spearman")
+    if _nan(rho):
+        return "n/a"
+    return "passes" if rho < HEAD_CHECK_RHO else "fails"
+
+
 def gradcam_reading(summary: dict) -> str:
-    """The Grad-CAM figure's sentence, from `figures.gradcam_summary`'s dict (fractions, rhos)."""
+    """The Grad-CAM figure's sentence, from `figures.gradcam_summary`'s dict (fractions, rhos,
+    counts of constant maps, the saliency layer's cells)."""
     if not summary:
         return "No Grad-CAM rows."
     parts = []
+    cells = summary.get("cam_cells")
+    if cells and min(cells) < COARSE_CELLS:
+        parts.append(f"the maps are at {cells[0]} x {cells[1]} cells of the saliency layer, upsampled to the crop, too coarse "
+                     "to tell the cell from its background")
     om = summary.get("outside_mass", {})
     if om:
         who = [f"{pct(v)} in {k} models" for k, v in om.items()]
@@ -326,11 +355,16 @@ def gradcam_reading(summary: dict) -> str:
             parts[-1] += (f"; a randomised head gives {pct(rom)}"
                           + (", about the same, so the outside mass says little here" if same else ""))
     rho, pair = summary.get("randomized_head_spearman"), summary.get("random_pair_spearman")
-    if not _nan(rho):
-        verdict = ("the maps change when the head is randomised (the check passes)" if rho < HEAD_CHECK_RHO
+    verdict = head_check_verdict(summary)
+    if verdict.startswith("undefined"):
+        parts.append(f"the randomised-head check is {verdict}, so it says nothing here")
+    elif not _nan(rho):
+        verdict = ("the maps change when the head is randomised (the check passes)" if verdict == "passes"
                    else "the maps barely change when the head is randomised (the check fails)")
         base = f" against {pair:.2f} between random pairs of crops" if not _nan(pair) else ""
         parts.append(f"trained and randomised-head maps correlate at median rho {rho:.2f}{base}: {verdict}")
+    if parts and parts[0][:1].islower():
+        parts[0] = parts[0][0].upper() + parts[0][1:]
     return "; ".join(parts) + "." if parts else "No Grad-CAM rows."
 
 
