@@ -84,3 +84,21 @@ def test_cam_cnn_weights_round_trip_and_timm_name(tmp_path):
     torch.testing.assert_close(a(x), b(x))
     with pytest.raises(TypeError, match="cam_cnn takes num_classes and in_chans"):
         create_model("cam_cnn", num_classes=4, img_size=32)
+
+
+def test_cam_cnn_fine_tunes_from_a_file_with_other_classes(tmp_path):
+    """A 3-class file into a 4-class model: the backbone is the file's, the classifier is new."""
+    from safetensors.torch import save_file
+
+    from shortcutlab.models.adapter import create_model_fit
+
+    torch.manual_seed(0)
+    a = create_model("cam_cnn", num_classes=3)
+    path = tmp_path / "w3.safetensors"
+    save_file({k: v.contiguous() for k, v in a.state_dict().items()}, str(path))
+    b, fit = create_model_fit("cam_cnn", 4, path)
+    assert fit.route == "new_head" and set(fit.dropped) == {"fc.weight", "fc.bias"}
+    assert b.fc.out_features == 4
+    for k, v in a.state_dict().items():
+        if not k.startswith("fc."):
+            assert torch.equal(b.state_dict()[k], v), k

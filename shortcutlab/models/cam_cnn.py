@@ -97,12 +97,25 @@ class CamCNN(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def cam_cnn(pretrained: bool = False, **kw) -> CamCNN:
-    """timm's entry point for ``cam_cnn`` (random weights; a weights file is loaded by
-    `shortcutlab.models.adapter.create_model`, never downloaded)."""
+def cam_cnn(pretrained: bool = False, pretrained_cfg_overlay: dict | None = None, **kw) -> CamCNN:
+    """timm's entry point for ``cam_cnn``: random weights, or (``pretrained``, as
+    `shortcutlab.models.adapter.create_model` fine-tunes from a local file) the backbone of the
+    state dict in ``pretrained_cfg_overlay["state_dict"]`` and a new classifier. Never downloads.
+
+    Raises:
+        RuntimeError: ``pretrained`` without a state dict (there are no published weights), or
+            a backbone tensor of another shape (torch's "size mismatch" message).
+    """
+    model = CamCNN(**kw)
     if pretrained:
-        raise RuntimeError(f"{NAME} has no published weights; pass a local weights file to shortcutlab's create_model")
-    return CamCNN(**kw)
+        state = (pretrained_cfg_overlay or {}).get("state_dict")
+        if state is None:
+            raise RuntimeError(f"{NAME} has no published weights; pass a local weights file to shortcutlab's create_model")
+        backbone = {k: v for k, v in state.items() if not k.startswith("fc.")}
+        missing, unexpected = model.load_state_dict(backbone, strict=False)
+        if unexpected or any(not k.startswith("fc.") for k in missing):
+            raise RuntimeError(f"{NAME}: the state dict does not fit (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model
 
 
 def register() -> None:
