@@ -334,6 +334,34 @@ def head_check_verdict(summary: dict) -> str:
     return "passes" if rho < HEAD_CHECK_RHO else "fails"
 
 
+def _outside_by_condition(by: dict) -> str:
+    """The outside mass per condition and exposure, and against ``none`` where it is there:
+    'Grad-CAM puts 74% (leak models) and 75% (clean models) of the attribution outside the
+    cell under color, 70% and 71% under none; against none: +4.0 pp and +4.0 pp under color'."""
+    texts = []
+    for i, (cond, v) in enumerate(by.items()):
+        if not v:
+            texts.append(f"nothing under {cond}")
+            continue
+        if i == 0:
+            shares = " and ".join(f"{pct(x)} ({e} models)" for e, x in v.items())
+        else:
+            shares = " and ".join(pct(x) for x in v.values())
+        texts.append(f"{shares} under {cond}")
+    text = "Grad-CAM puts " + texts[0].replace(" under ", " of the attribution outside the cell under ", 1)
+    text += "".join(", " + t for t in texts[1:])
+    control = by.get("none")
+    diffs = []
+    for cond, v in by.items():
+        d = [pp(x - control[e]) for e, x in v.items() if control and cond != "none" and e in control]
+        if d:
+            diffs.append(f"{' and '.join(d)} under {cond}")
+    if diffs:
+        text += ("; against none: " + ", ".join(diffs) + " (leak and clean models train on the same mechanism and "
+                 "learn it alike, so where it moves the mass it moves both, and leak and clean need not differ)")
+    return text
+
+
 def gradcam_reading(summary: dict) -> str:
     """The Grad-CAM figure's sentence, from `figures.gradcam_summary`'s dict (fractions, rhos,
     counts of constant maps, the saliency layer's cells)."""
@@ -345,7 +373,10 @@ def gradcam_reading(summary: dict) -> str:
         parts.append(f"the maps are at {cells[0]} x {cells[1]} cells of the saliency layer, upsampled to the crop, too coarse "
                      "to tell the cell from its background")
     om = summary.get("outside_mass", {})
-    if om:
+    by = summary.get("outside_mass_by_condition") or {}
+    if len(by) > 1:
+        parts.append(_outside_by_condition(by))
+    elif om:
         who = [f"{pct(v)} in {k} models" for k, v in om.items()]
         who = who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
         parts.append(f"Grad-CAM puts {who.replace(' in ', ' of the attribution outside the cell in ', 1)}")

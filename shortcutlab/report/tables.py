@@ -275,7 +275,8 @@ def gradcam_summary(rows: pd.DataFrame) -> dict:
     median rhos (medians over models of the per-model medians); the randomised-head maps that
     are constant and the crops with an undefined rho, summed over models, out of ``maps``
     crops (absent where the rows do not count them); and ``cam_cells``, the (h, w) of the
-    coarsest saliency layer among the models (absent where unknown)."""
+    coarsest saliency layer among the models (absent where unknown); and, with more than one
+    condition, ``outside_mass_by_condition`` ({condition: {exposure: mean}}, ``none`` last)."""
     if rows.empty:
         return {}
     om = {str(k): float(v) for k, v in rows.groupby("exposure")["outside_mass"].mean().items() if np.isfinite(v)}
@@ -295,6 +296,13 @@ def gradcam_summary(rows: pd.DataFrame) -> dict:
         for c in ("randomized_constant_maps", "randomized_undefined"):
             if counted[c].notna().any():
                 out[c] = int(counted[c].sum())
+    if rows["condition"].nunique() > 1:
+        by = rows.groupby(["condition", "exposure"])["outside_mass"].mean()
+        conds = sorted(rows["condition"].astype(str).unique(), key=lambda c: (c == "none", c))
+        out["outside_mass_by_condition"] = {
+            c: dict(sorted(((str(e), float(v)) for (cc, e), v in by.items() if str(cc) == c and np.isfinite(v)),
+                           key=lambda kv: order.get(kv[0], 2)))
+            for c in conds}
     cells = rows.dropna(subset=["cam_height", "cam_width"]) if {"cam_height", "cam_width"} <= set(rows) else rows.iloc[0:0]
     if len(cells):
         h, w = min(zip(cells["cam_height"].astype(int), cells["cam_width"].astype(int)), key=lambda hw: (hw[0] * hw[1], hw))
