@@ -103,3 +103,14 @@ def test_with_a_control_condition_the_reading_compares_each_condition_with_none(
     text = gradcam_reading(s)
     assert text.startswith("Grad-CAM puts 80% (leak models) and 82% (clean models) of the attribution outside the cell under "
                            "background, 64% and 66% under none; against none: +16.0 pp and +16.0 pp under background")
+
+
+def test_rows_of_an_older_sweep_without_counts_or_cells_leave_those_columns_empty():
+    old = _results([0] * 4, [0] * 4)
+    old = old[~old["metric"].isin(["cam_height", "cam_width", "randomized_constant_maps", "randomized_constant_share",
+                                   "randomized_nan"])]
+    rows = gradcam_rows(old)
+    assert len(rows) == 4 and rows[["cam_height", "randomized_constant_maps", "n_maps"]].isna().all().all()
+    s = gradcam_summary(rows)
+    assert "maps" not in s and "cam_cells" not in s
+    assert head_check_verdict(s) == "passes"

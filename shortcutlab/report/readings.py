@@ -374,12 +374,13 @@ def gradcam_reading(summary: dict) -> str:
                      "to tell the cell from its background")
     om = summary.get("outside_mass", {})
     by = summary.get("outside_mass_by_condition") or {}
-    if len(by) > 1:
-        parts.append(_outside_by_condition(by))
-    elif om:
-        who = [f"{pct(v)} in {k} models" for k, v in om.items()]
-        who = who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
-        parts.append(f"Grad-CAM puts {who.replace(' in ', ' of the attribution outside the cell in ', 1)}")
+    if len(by) > 1 or om:
+        if len(by) > 1:
+            parts.append(_outside_by_condition(by))
+        else:
+            who = [f"{pct(v)} in {k} models" for k, v in om.items()]
+            who = who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
+            parts.append(f"Grad-CAM puts {who.replace(' in ', ' of the attribution outside the cell in ', 1)}")
         rom = summary.get("randomized_outside_mass")
         if not _nan(rom):
             same = all(abs(v - rom) < SAME_MASS for v in om.values())

@@ -255,8 +255,9 @@ def gradcam_rows(results: pd.DataFrame | None) -> pd.DataFrame:
     parts = [_model_values(results, name, metric, base).rename(columns={"value": "outside_mass"})]
     for quantity, setting in (("randomized_outside_mass", f"{base},cascade=0"), ("randomized_head_spearman", f"{base},cascade=0"),
                               ("random_pair_spearman", base), ("cam_height", base), ("cam_width", base)):
-        v = _quantity_values(results, quantity, setting)[["model", "value"]].rename(columns={"value": quantity})
-        parts.append(v)
+        v = _quantity_values(results, quantity, setting)
+        if "model" in v:  # rows that do not supply a quantity (an older sweep) leave its column NaN
+            parts.append(v[["model", "value"]].rename(columns={"value": quantity}))
     for column, quantity, n_col in _GRADCAM_COUNTS:
         v = _quantity_counts(results, quantity, f"{base},cascade=0").rename(columns={"value": column, "n": n_col or "drop"})
         parts.append(v.drop(columns=["drop"], errors="ignore"))
