@@ -47,7 +47,9 @@ The rules, stated once and used everywhere:
   does); it is **undefined**, not passed, when more than half of the randomised-head maps
   are constant (or rho is undefined for more than half of the crops); the outside mass is
   said to match a randomised head's when the two means differ by less than 5 pp, and maps
-  under 8 x 8 cells are called too coarse to tell the cell from its background.
+  under 8 x 8 cells are called too coarse to tell the cell from its background. With a
+  ``none`` control in the sweep, the outside mass is given per condition and against none's:
+  a mechanism that moves it moves it in leak and clean models alike (both learn it).
 """
 
 from __future__ import annotations
