@@ -71,6 +71,12 @@ QUANTITIES: Mapping[str, str] = {
     "randomized_head_spearman": "median Spearman rho between the trained and the randomised-head maps "
                                 "(setting '<overall setting>,cascade=0')",
     "random_pair_spearman": "median Spearman rho between the maps of random pairs of crops (the overall setting)",
+    "randomized_constant_maps": "how many randomised-head maps are constant, with n the crops mapped (setting "
+                                "'<overall setting>,cascade=0'); most constant: the randomised-head check is undefined",
+    "randomized_undefined": "how many crops have an undefined trained-vs-randomised rho (a constant map), with n the "
+                            "crops mapped (setting '<overall setting>,cascade=0')",
+    "cam_height": "rows of cells of the saliency layer's map before upsampling (the overall setting)",
+    "cam_width": "columns of cells of the saliency layer's map before upsampling (the overall setting)",
 }
 
 

@@ -3471,3 +3471,39 @@ def test_i23iv_cli_results_refuses_an_unknown_interval(tmp_path, capsys) -> None
         main(["results", str(tmp_path), "--interval", "wild"])
     assert info.value.code == 2
     assert "invalid choice: 'wild'" in capsys.readouterr().err
+
+
+# --- I24-SALIENCY (issue 24, item 4: constant maps, the demo's model) ----------------------------
+
+
+def _i24s_constant_maps(maps):
+    def call(tmp_path):
+        from probes.saliency import constant_maps
+
+        constant_maps(maps)
+
+    return call
+
+
+def _i24s_cam_cnn_fine_tune_mismatch(tmp_path):
+    """A file from another variant (a 2-channel input) into cam_cnn with a new head."""
+    from safetensors.torch import save_file
+
+    from shortcutlab.models.adapter import create_model
+
+    state = create_model("cam_cnn", num_classes=3, in_chans=2).state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    create_model("cam_cnn", num_classes=4, pretrained=tmp_path / "w.safetensors")
+
+
+I24S_CASES = [
+    Case("i24s-constant-maps-1d", _i24s_constant_maps(torch.zeros(4)), DiagnosticError, ("maps", "(B, H, W)", "(4,)")),
+    Case("i24s-constant-maps-not-a-tensor", _i24s_constant_maps([[0.0]]), DiagnosticError, ("maps", "(B, H, W)", "list")),
+    Case("i24s-cam-cnn-other-variant", _i24s_cam_cnn_fine_tune_mismatch, ShortcutlabError,
+         ("w.safetensors", "cam_cnn", "stages.0.conv.weight", "another architecture or variant")),
+]
+
+
+@pytest.mark.parametrize("case", I24S_CASES, ids=[c.id for c in I24S_CASES])
+def test_i24s_saliency_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)

@@ -162,7 +162,7 @@ def test_the_demo_sweep_trains_exactly_what_a_direct_train_call_trains(tmp_path)
     crops = _crops_from_synth(bench)
     split = factorial_split(crops.table, seed=3, test_parent_share=0.3, diversity_contrast=1.43)
     split.to_csv(str(tmp_path / "split.csv"))
-    tcfg = TrainConfig(arch="test_resnet", epochs=1, batch_size=64, lr=1e-3, precise_bn=True, seed=3)
+    tcfg = TrainConfig(arch=cfg.arch, epochs=1, batch_size=64, lr=1e-3, precise_bn=True, seed=3)
     rec = train(crops, str(tmp_path / "split.csv"), str(tmp_path / "direct"), tcfg, cell="clean-low", progress=False)
     row = next(r for r in rows if r["cell"] == "clean-low")
     assert row["split_sha256"] == split.hash
@@ -202,7 +202,7 @@ def test_the_quick_demo_path_ends_in_a_report_whose_numbers_match_the_prediction
     est = pd.read_csv(tmp_path / "report" / "estimates.csv")
     for cond, g in plain.groupby("condition"):
         hand = g[g["exposure"] == "leak"]["correct"].mean() - g[g["exposure"] == "clean"]["correct"].mean()
-        row = est[(est["estimand"] == "leak") & (est["condition"] == cond) & (est["arch"] == "test_resnet")
+        row = est[(est["estimand"] == "leak") & (est["condition"] == cond) & (est["arch"] == cfg.arch)
                   & (est["intervention"] == "none")]
         assert len(row) == 1 and row["estimate"].iloc[0] == pytest.approx(hand, abs=1e-12)
 
@@ -218,7 +218,7 @@ def test_demo_quick_itself_shows_the_planted_leak_and_its_remover(tmp_path, caps
     html_path = tmp_path / "report" / "report.html"
     assert f"report: {html_path}" in capsys.readouterr().out
     est = pd.read_csv(tmp_path / "report" / "estimates.csv")
-    rows = est[(est["arch"] == "test_resnet") & (est["diversity"] == "high")].set_index(["estimand", "condition", "intervention"])
+    rows = est[(est["arch"] == DemoConfig.quick().arch) & (est["diversity"] == "high")].set_index(["estimand", "condition", "intervention"])
     assert rows.loc[("leak", "color", "none"), "ci_low"] > 0
     assert rows.loc[("leak_cut", "color", "reinhard_unseen_field"), "ci_low"] > 0
     assert rows.loc[("leak", "none", "none"), "ci_low"] < 0 < rows.loc[("leak", "none", "none"), "ci_high"]

@@ -23,6 +23,7 @@ from probes.base import ROW_COLUMNS, DiagnosticContext
 from probes.errors import DiagnosticError
 from probes.saliency import (
     cascade_blocks,
+    constant_maps,
     fast_path_reason,
     gradcam,
     outside_mass,
@@ -745,3 +746,78 @@ def test_train_mode_is_put_back_after_an_error(monkeypatch):
         gradcam(adapter, batch(2, 16), None)
     assert all(m.training for m in adapter.modules())
     assert_same_state(adapter, before)
+
+
+# ------------------------------------------------------------------------ constant maps
+def test_constant_maps_counted_by_hand():
+    """Six maps built so that exactly two are constant: all zero, and all 3.0."""
+    maps = torch.zeros(6, 4, 4)
+    maps[1] = 3.0                                   # constant, not zero
+    maps[2, 0, 0] = 1.0                             # one pixel differs
+    maps[3] = torch.arange(16.0).view(4, 4)
+    maps[4] = float("nan")                          # not finite: undefined for another reason
+    maps[5, 3, 3] = -1e-7                           # a tiny difference still ranks
+    assert constant_maps(maps).tolist() == [True, True, False, False, False, False]
+    assert constant_maps(maps[:, None]).tolist() == [True, True, False, False, False, False]  # (B, 1, H, W)
+    # a constant map is exactly where scipy's Spearman rho is undefined (the finite ones)
+    from scipy.stats import spearmanr
+
+    ref = torch.arange(16.0)
+    with np.errstate(invalid="ignore"), pytest.warns(Warning):
+        undefined = [bool(np.isnan(spearmanr(m.flatten().numpy(), ref.numpy())[0])) for m in maps]
+    assert undefined == [True, True, False, False, True, False]
+    with pytest.raises(DiagnosticError, match=r"\(B, H, W\)"):
+        constant_maps(torch.zeros(4))
+    # within roundings of a constant: one cell upsampled bilinearly (float32 sums of weights
+    # differ from 1 by a rounding), and 1.0 with one pixel 1 + 1e-6 (8 roundings of float32)
+    near = torch.ones(3, 32, 32)
+    near[0] = F.interpolate(torch.full((1, 1, 1, 1), 0.3), size=(32, 32), mode="bilinear", align_corners=False)[0, 0]
+    near[1, 5, 5] = 1 + 1e-6
+    near[2, 5, 5] = 1 + 1e-3                        # a real (if small) difference
+    assert constant_maps(near).tolist() == [True, True, False]
+    rho = spearman(near, torch.rand(3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    assert math.isnan(rho[0]) and math.isnan(rho[1]) and not math.isnan(rho[2])
+
+
+class OneCell(nn.Module):
+    """A conv whose kernel covers the whole 32 px crop: a 1 x 1 cam layer, as test_resnet's last
+    stage on a 32 px crop. Every bilinear upsampled map is then constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 32)
+        self.act = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.act(self.conv(x))).flatten(1))
+
+
+def test_gradcam_diagnostic_counts_constant_maps_and_cam_cells():
+    """On a 1 x 1 cam layer all 12 test maps (trained and randomised) are constant, rho is
+    undefined for all 12, and the rows say the layer is 1 x 1; on TinyNet's 16 x 16 layer (32 px,
+    one stride-2 conv) the rows say 16 x 16."""
+    ctx = _context()
+    torch.manual_seed(0)
+    one = wrap(OneCell().eval(), head="fc", cam_layer="act", mean=0.5, std=0.25)
+    ctx1 = DiagnosticContext(one, ctx.crops, ctx.side, run_id="r1", batch_size=5, seed=3)
+    with pytest.warns(RuntimeWarning, match="no cell pixel"):
+        rows = probes.get("gradcam", cascade=(0, 1), n_boot=0).run(ctx1)
+    got = {(r["metric"], r["setting"]): r for r in rows}
+    base = "target=predicted"
+    assert got[("cam_height", base)]["value"] == 1 and got[("cam_width", base)]["value"] == 1
+    assert "'act': 1 x 1 cells" in got[("cam_height", base)]["note"]
+    assert got[("constant_maps", base)]["value"] == 12 and got[("constant_maps", base)]["n"] == 12
+    assert got[("constant_share", base)]["value"] == 1.0
+    for k in (0, 1):
+        setting = f"{base},cascade={k}"
+        assert got[("randomized_constant_maps", setting)]["value"] == 12
+        assert got[("randomized_constant_share", setting)]["value"] == 1.0
+        assert got[("randomized_nan", setting)]["value"] == 12
+    with pytest.warns(RuntimeWarning, match="no cell pixel"):
+        rows = probes.get("gradcam", cascade=0, n_boot=0).run(ctx)
+    got = {(r["metric"], r["setting"]): r for r in rows}
+    assert got[("cam_height", base)]["value"] == 16 and got[("cam_width", base)]["value"] == 16
+    # on a 16 x 16 layer the only constant maps are the all-zero ones (no positive attribution)
+    assert got[("constant_maps", base)]["value"] == got[("nan_maps", base)]["value"]

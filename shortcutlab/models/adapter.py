@@ -919,6 +919,9 @@ def create_model_fit(name: str, num_classes: int, pretrained: str | os.PathLike 
     """
     import timm
 
+    from shortcutlab.models.cam_cnn import register
+
+    register()  # shortcutlab's own model names join timm's
     path = _weights_path(pretrained)
     try:
         model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kw)

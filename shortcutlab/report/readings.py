@@ -83,8 +83,12 @@ moves             the interval excludes 0 and one end reaches 1 point
   is a line between them). Otherwise the slope is stated with "no interval" and why.
 - **Grad-CAM's randomised-head check passes** when the median Spearman correlation between
   the trained and the randomised-head maps is below 0.5 (the maps change when the head
-  does); the outside mass is said to match a randomised head's when the two means differ by
-  less than 5 pp.
+  does); it is **undefined**, not passed, when more than half of the randomised-head maps
+  are constant (or rho is undefined for more than half of the crops); the outside mass is
+  said to match a randomised head's when the two means differ by less than 5 pp, and maps
+  under 8 x 8 cells are called too coarse to tell the cell from its background. With a
+  ``none`` control in the sweep, the outside mass is given per condition and against none's:
+  a mechanism that moves it moves it in leak and clean models alike (both learn it).
 """
 
 from __future__ import annotations
@@ -454,28 +458,91 @@ def _slope_words(row, points: pd.DataFrame, level: float) -> str:
         return get_estimand("slope").read(row, level)
     return f"{row['condition']}: {pp(row['estimate'] * 0.1)} per 0.1 of R (no interval: {why})"
 
+UNDEFINED_SHARE = 0.5    # the randomised-head check is "undefined" when more than this share of maps is constant
+COARSE_CELLS = 8         # a saliency layer under this many cells a side "is coarse": the reading says so
+
+
+def head_check_verdict(summary: dict) -> str:
+    """The randomised-head check's verdict from `gradcam_summary`'s dict: 'undefined: N of M
+    randomised-head maps are constant' (more than `UNDEFINED_SHARE` of them; or 'undefined:
+    rho is undefined for N of M crops' where the trained maps are the constant ones), else
+    'passes' (median rho below `HEAD_CHECK_RHO`) or 'fails'; 'n/a' without a rho or a count."""
+    m = summary.get("maps")
+    const, undefined = summary.get("randomized_constant_maps"), summary.get("randomized_undefined")
+    if m:
+        if const is not None and const / m > UNDEFINED_SHARE:
+            return f"undefined: {const} of {m} randomised-head maps are constant"
+        if undefined is not None and undefined / m > UNDEFINED_SHARE:
+            return f"undefined: rho is undefined for {undefined} of {m} crops (a constant map)"
+    rho = summary.get("randomized_head_spearman")
+    if _nan(rho):
+        return "n/a"
+    return "passes" if rho < HEAD_CHECK_RHO else "fails"
+
+
+def _outside_by_condition(by: dict) -> str:
+    """The outside mass per condition and exposure, and against ``none`` where it is there:
+    'Grad-CAM puts 74% (leak models) and 75% (clean models) of the attribution outside the
+    cell under color, 70% and 71% under none; against none: +4.0 pp and +4.0 pp under color'."""
+    texts = []
+    for i, (cond, v) in enumerate(by.items()):
+        if not v:
+            texts.append(f"nothing under {cond}")
+            continue
+        if i == 0:
+            shares = " and ".join(f"{pct(x)} ({e} models)" for e, x in v.items())
+        else:
+            shares = " and ".join(pct(x) for x in v.values())
+        texts.append(f"{shares} under {cond}")
+    text = "Grad-CAM puts " + texts[0].replace(" under ", " of the attribution outside the cell under ", 1)
+    text += "".join(", " + t for t in texts[1:])
+    control = by.get("none")
+    diffs = []
+    for cond, v in by.items():
+        d = [pp(x - control[e]) for e, x in v.items() if control and cond != "none" and e in control]
+        if d:
+            diffs.append(f"{' and '.join(d)} under {cond}")
+    if diffs:
+        text += ("; against none: " + ", ".join(diffs) + " (leak and clean models train on the same mechanism and "
+                 "learn it alike, so where it moves the mass it moves both, and leak and clean need not differ)")
+    return text
+
 
 def gradcam_reading(summary: dict) -> str:
-    """The Grad-CAM figure's sentence, from `figures.gradcam_summary`'s dict (fractions, rhos)."""
+    """The Grad-CAM figure's sentence, from `figures.gradcam_summary`'s dict (fractions, rhos,
+    counts of constant maps, the saliency layer's cells)."""
     if not summary:
         return "No Grad-CAM rows."
     parts = []
+    cells = summary.get("cam_cells")
+    if cells and min(cells) < COARSE_CELLS:
+        parts.append(f"the maps are at {cells[0]} x {cells[1]} cells of the saliency layer, upsampled to the crop, too coarse "
+                     "to tell the cell from its background")
     om = summary.get("outside_mass", {})
-    if om:
-        who = [f"{pct(v)} in {k} models" for k, v in om.items()]
-        who = who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
-        parts.append(f"Grad-CAM puts {who.replace(' in ', ' of the attribution outside the cell in ', 1)}")
+    by = summary.get("outside_mass_by_condition") or {}
+    if len(by) > 1 or om:
+        if len(by) > 1:
+            parts.append(_outside_by_condition(by))
+        else:
+            who = [f"{pct(v)} in {k} models" for k, v in om.items()]
+            who = who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
+            parts.append(f"Grad-CAM puts {who.replace(' in ', ' of the attribution outside the cell in ', 1)}")
         rom = summary.get("randomized_outside_mass")
         if not _nan(rom):
             same = all(abs(v - rom) < SAME_MASS for v in om.values())
             parts[-1] += (f"; a randomised head gives {pct(rom)}"
                           + (", about the same, so the outside mass says little here" if same else ""))
     rho, pair = summary.get("randomized_head_spearman"), summary.get("random_pair_spearman")
-    if not _nan(rho):
-        verdict = ("the maps change when the head is randomised (the check passes)" if rho < HEAD_CHECK_RHO
+    verdict = head_check_verdict(summary)
+    if verdict.startswith("undefined"):
+        parts.append(f"the randomised-head check is {verdict}, so it says nothing here")
+    elif not _nan(rho):
+        verdict = ("the maps change when the head is randomised (the check passes)" if verdict == "passes"
                    else "the maps barely change when the head is randomised (the check fails)")
         base = f" against {pair:.2f} between random pairs of crops" if not _nan(pair) else ""
         parts.append(f"trained and randomised-head maps correlate at median rho {rho:.2f}{base}: {verdict}")
+    if parts and parts[0][:1].islower():
+        parts[0] = parts[0][0].upper() + parts[0][1:]
     return "; ".join(parts) + "." if parts else "No Grad-CAM rows."
 
 

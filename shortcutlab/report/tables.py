@@ -221,12 +221,31 @@ def dose_pairs(pred: pd.DataFrame, results: pd.DataFrame | None, baseline: str =
     return out[cols].sort_values(PAIR_KEYS).reset_index(drop=True)
 
 
+def _quantity_counts(results: pd.DataFrame, quantity: str, setting: str) -> pd.DataFrame:
+    """Per model, the count rows that carry `quantity` at `setting`: columns model, value
+    (the count) and n (what it counts out of), each summed over the model's rows."""
+    name, metric, r = supplied_rows(results, quantity)
+    r = r[r["setting"] == setting]
+    if r.empty:
+        return pd.DataFrame(columns=["model", "value", "n"])
+    return r.assign(n=pd.to_numeric(r["n"], errors="coerce")).groupby("model")[["value", "n"]].sum(min_count=1).reset_index()
+
+
+#: The count columns of `gradcam_rows`: (column, quantity, its n's column).
+_GRADCAM_COUNTS = (("randomized_constant_maps", "randomized_constant_maps", "n_maps"),
+                   ("randomized_undefined", "randomized_undefined", None))
+
+
 def gradcam_rows(results: pd.DataFrame | None) -> pd.DataFrame:
     """One row per model with saliency rows (the quantities "outside_mass" and the rest, as
     Grad-CAM supplies them), a column each: keys, outside_mass, randomized_outside_mass,
-    randomized_head_spearman (the head alone, cascade=0), random_pair_spearman."""
+    randomized_head_spearman (the head alone, cascade=0), random_pair_spearman; the counts
+    randomized_constant_maps (randomised-head maps that are constant) and randomized_undefined
+    (crops whose rho is undefined) out of n_maps crops, and cam_height, cam_width (the cells of
+    the saliency layer); NaN where the rows do not say."""
     cols = ["model"] + PAIR_KEYS + ["exposure", "outside_mass", "randomized_outside_mass", "randomized_head_spearman",
-                                    "random_pair_spearman"]
+                                    "random_pair_spearman", "randomized_constant_maps", "randomized_undefined", "n_maps",
+                                    "cam_height", "cam_width"]
     if results is None or results.empty:
         return pd.DataFrame(columns=cols)
     name, metric, om = supplied_rows(results, "outside_mass")
@@ -236,19 +255,30 @@ def gradcam_rows(results: pd.DataFrame | None) -> pd.DataFrame:
     base = sorted(om["setting"].unique(), key=len)[0]
     parts = [_model_values(results, name, metric, base).rename(columns={"value": "outside_mass"})]
     for quantity, setting in (("randomized_outside_mass", f"{base},cascade=0"), ("randomized_head_spearman", f"{base},cascade=0"),
-                              ("random_pair_spearman", base)):
-        v = _quantity_values(results, quantity, setting)[["model", "value"]].rename(columns={"value": quantity})
-        parts.append(v)
+                              ("random_pair_spearman", base), ("cam_height", base), ("cam_width", base)):
+        v = _quantity_values(results, quantity, setting)
+        if "model" in v:  # rows that do not supply a quantity (an older sweep) leave its column NaN
+            parts.append(v[["model", "value"]].rename(columns={"value": quantity}))
+    for column, quantity, n_col in _GRADCAM_COUNTS:
+        v = _quantity_counts(results, quantity, f"{base},cascade=0").rename(columns={"value": column, "n": n_col or "drop"})
+        parts.append(v.drop(columns=["drop"], errors="ignore"))
     out = parts[0]
     for v in parts[1:]:
         out = out.merge(v, on="model", how="left")
+    for c in cols:
+        if c not in out:
+            out[c] = np.nan
     out["exposure"] = out["exposure"].replace("", "unpaired")
     return out[cols].sort_values(["condition", "exposure", "seed"]).reset_index(drop=True)
 
 
 def gradcam_summary(rows: pd.DataFrame) -> dict:
     """Means for the Grad-CAM reading: outside mass per exposure, randomised-head outside mass,
-    median rhos (medians over models of the per-model medians)."""
+    median rhos (medians over models of the per-model medians); the randomised-head maps that
+    are constant and the crops with an undefined rho, summed over models, out of ``maps``
+    crops (absent where the rows do not count them); and ``cam_cells``, the (h, w) of the
+    coarsest saliency layer among the models (absent where unknown); and, with more than one
+    condition, ``outside_mass_by_condition`` ({condition: {exposure: mean}}, ``none`` last)."""
     if rows.empty:
         return {}
     om = {str(k): float(v) for k, v in rows.groupby("exposure")["outside_mass"].mean().items() if np.isfinite(v)}
@@ -259,9 +289,27 @@ def gradcam_summary(rows: pd.DataFrame) -> dict:
         v = rows[c].dropna()
         return float(v.median()) if len(v) else np.nan
 
-    return {"outside_mass": om, "randomized_outside_mass": float(rows["randomized_outside_mass"].mean())
-            if rows["randomized_outside_mass"].notna().any() else np.nan,
-            "randomized_head_spearman": med("randomized_head_spearman"), "random_pair_spearman": med("random_pair_spearman")}
+    out = {"outside_mass": om, "randomized_outside_mass": float(rows["randomized_outside_mass"].mean())
+           if rows["randomized_outside_mass"].notna().any() else np.nan,
+           "randomized_head_spearman": med("randomized_head_spearman"), "random_pair_spearman": med("random_pair_spearman")}
+    counted = rows.dropna(subset=["n_maps"]) if "n_maps" in rows else rows.iloc[0:0]
+    if len(counted) and counted["n_maps"].sum() > 0:
+        out["maps"] = int(counted["n_maps"].sum())
+        for c in ("randomized_constant_maps", "randomized_undefined"):
+            if counted[c].notna().any():
+                out[c] = int(counted[c].sum())
+    if rows["condition"].nunique() > 1:
+        by = rows.groupby(["condition", "exposure"])["outside_mass"].mean()
+        conds = sorted(rows["condition"].astype(str).unique(), key=lambda c: (c == "none", c))
+        out["outside_mass_by_condition"] = {
+            c: dict(sorted(((str(e), float(v)) for (cc, e), v in by.items() if str(cc) == c and np.isfinite(v)),
+                           key=lambda kv: order.get(kv[0], 2)))
+            for c in conds}
+    cells = rows.dropna(subset=["cam_height", "cam_width"]) if {"cam_height", "cam_width"} <= set(rows) else rows.iloc[0:0]
+    if len(cells):
+        h, w = min(zip(cells["cam_height"].astype(int), cells["cam_width"].astype(int)), key=lambda hw: (hw[0] * hw[1], hw))
+        out["cam_cells"] = (int(h), int(w))
+    return out
 
 
 # --- the validity table (the issue's item 3) ------------------------------------------------

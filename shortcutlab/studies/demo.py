@@ -42,7 +42,10 @@ class DemoConfig:
             sharing no pixel with a training crop).
         arch, epochs, batch_size, lr: training recipe (see `TrainConfig`). The models start
             from random weights, so the demo uses lr 1e-3 instead of the recipe's 1e-4, which
-            is meant for fine-tuning pretrained backbones.
+            is meant for fine-tuning pretrained backbones. The arch is ``cam_cnn``
+            (`shortcutlab.models.cam_cnn`), whose Grad-CAM layer is 8 x 8 cells on a 32 px
+            crop; ``test_resnet``'s last stage is 1 x 1 there, so every Grad-CAM map was a
+            constant and the saliency diagnostic could show nothing.
         precise_bn: recompute BatchNorm statistics on the training crops before scoring (see
             `TrainConfig.precise_bn`). Without it some small random-init models score near
             chance although they fit their training crops, which swamps the leak effect.
@@ -68,7 +71,7 @@ class DemoConfig:
     crop_size: int = 32
     field_size: int | None = None
     n_classes: int = 3
-    arch: str = "test_resnet"
+    arch: str = "cam_cnn"
     epochs: int = 30
     batch_size: int = 64
     lr: float = 1e-3

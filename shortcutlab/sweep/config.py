@@ -675,6 +675,9 @@ def train_types() -> dict[str, tuple[tuple[type, ...], str]]:
 def _archs() -> list[str]:
     import timm
 
+    from shortcutlab.models.cam_cnn import register
+
+    register()  # shortcutlab's own model names join timm's
     return timm.list_models()
 
 
