@@ -239,7 +239,7 @@ def test_the_terminal_prints_the_reports_pooled_leak_and_interval(tmp_path):
     summary = run_demo(str(tmp_path), cfg)
     lines = summary_lines(summary)
     est = pd.read_csv(tmp_path / "report" / "estimates.csv")
-    est = est[(est["estimand"] == "leak") & (est["intervention"] == "none") & (est["arch"] == "test_resnet")]
+    est = est[(est["estimand"] == "leak") & (est["intervention"] == "none") & (est["arch"] == cfg.arch)]
     pattern = re.compile(r"^  (\S+)\s+leak ([+-]\d+\.\d) pp \((?:95% CI ([+-]\d+\.\d) to ([+-]\d+\.\d) pp|no interval: [^)]*)\): "
                          r"(leak|no leak|negative leak|neither called a leak nor ruled out)$")
     printed = {m.group(1): m.groups()[1:] for m in map(pattern.match, lines) if m}
