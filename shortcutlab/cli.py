@@ -117,6 +117,20 @@ def _numbers(text: str, flag: str, kind: type = float, example: str = "") -> lis
     return out
 
 
+def _print_warnings(caught: list, category: type) -> None:
+    """Print a command's own warnings of `category` (collapsed: a repeated one once, with a
+    count; `warnings_summary`) and raise the others again for the summary at the end."""
+    import warnings
+
+    from shortcutlab.warnings_summary import summary_lines
+
+    for line in summary_lines([w for w in caught if issubclass(w.category, category)], category=False):
+        print(line)
+    for w in caught:
+        if not issubclass(w.category, category):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def _fmt(x) -> str:
     if x is None:
         return "n/a"
@@ -468,11 +482,7 @@ def cmd_siblings(args) -> int:
         summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
                       id=args.id, cell=args.cell, n_sheet=args.pairs, confirm=confirm)
     write_marker(args.out, "siblings", SIBLINGS_FILES)
-    for w in caught:
-        if issubclass(w.category, SplitWarning):
-            print(f"warning: {w.message}")
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _print_warnings(caught, SplitWarning)
     how = "" if args.threshold is not None else " (default, chosen on synthetic augmentations)"
     print(f"{summary['n_with_sibling']} of {summary['n_test']} test images ({100 * summary['share']:.2f}%) have a training sibling "
           f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else "")
@@ -841,6 +851,8 @@ def cmd_register(args) -> int:
 def cmd_results(args) -> int:
     import warnings
 
+    from shortcutlab.warnings_summary import summary_lines
+
     from shortcutlab.stats import StatsWarning
     from shortcutlab.sweep.runner import estimates_table, results_table
 
@@ -878,8 +890,8 @@ def cmd_results(args) -> int:
             print()
             print(_sensitivity_text(summary, args.mixed_model))
     print(registration_statement(args.dir))
-    for w in caught:
-        print(f"note: {' '.join(str(w.message).split())}")
+    for line in summary_lines(caught, prefix="note", category=False):
+        print(line)
     return 0
 
 
@@ -1245,11 +1257,7 @@ def cmd_masks(args) -> int:
         warnings.simplefilter("always", MaskWarning)
         summary = write_masks(args.table, args.out, image=args.image, id=args.id, column=args.column,
                               method=args.method, channel=args.channel, smooth=args.smooth, n_sheet=args.sheet)
-    for w in caught:
-        if issubclass(w.category, MaskWarning):
-            print(f"warning: {w.message}")
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _print_warnings(caught, MaskWarning)
     c = summary["counts"]
     print(f"{c['crops']} masks ({summary['method']} threshold on the {summary['channel']} channel): {c['empty']} empty, "
           f"{c['full']} full, {c['touches_border']} touch the border, {c['several_components']} with several components; "
@@ -1349,11 +1357,7 @@ def cmd_crops(args) -> int:
         result = cut_crops(args.table, args.parent_image, args.out, center=args.center, size=args.size, box=args.box,
                            border=args.border, fill=args.fill, id=args.id, label=args.label, parent=args.parent,
                            group=args.group, root=args.root, compress_level=args.compress_level)
-    for w in caught:
-        if issubclass(w.category, WindowWarning):
-            print(f"warning: {w.message}")
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _print_warnings(caught, WindowWarning)
     print(f"cut {result.n_crops} crops from {result.n_images} parent images ({len(result.padded)} padded, border {args.border})")
     print(f"  wrote {result.table_path} (paths relative to its folder), {result.sidecar_path}, crops in "
           f"{os.path.join(args.out, 'crops')}")
@@ -1395,6 +1399,8 @@ def _design_values(text: str, flag: str, low: int) -> list[int]:
 def cmd_power(args) -> int:
     import itertools
     import warnings
+
+    from shortcutlab.warnings_summary import summary_lines
 
     from shortcutlab.io import claim_output_dir
     from shortcutlab.report.power import POWER_FILES, pilot_components, write_power
@@ -1444,8 +1450,8 @@ def cmd_power(args) -> int:
         print(f"power of the {'paired t on per-seed leak effects' if args.test == 't' else 'two-way cluster bootstrap'} "
               f"at alpha {args.alpha:g} ({args.n_sim} simulated data sets per row; mc_se: Monte Carlo SE)")
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    for w in caught:
-        print(f"note: {' '.join(str(w.message).split())}")
+    for line in summary_lines(caught, prefix="note", category=False):
+        print(line)
     print(f"wrote {paths['power.csv']}, power.png, components.json")
     return 0
 
@@ -1482,8 +1488,11 @@ def _add_power_command(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from shortcutlab.warnings_summary import collected
+
     try:
-        return int(args.func(args) or 0)
+        with collected():  # repeated warnings print once, with a count, when the command ends
+            return int(args.func(args) or 0)
     except ShortcutlabError as e:
         print(f"shortcutlab {args.command}: error: {e}", file=sys.stderr)
         return 2
