@@ -439,6 +439,10 @@ def cmd_demo(args) -> int:
         kw["mechanisms"] = tuple(m.strip() for m in args.mechanism.split(","))
     if args.no_report:
         kw["report"] = False
+    if args.threads is not None:
+        from shortcutlab.sweep.threads import check_threads
+
+        kw["threads"] = check_threads(args.threads)
     cfg = DemoConfig.quick(progress=not args.quiet, **kw) if args.quick else DemoConfig(progress=not args.quiet, **kw)
     _check_output_folder(args.out, "--out")
     summary = run_demo(args.out, cfg)
@@ -806,6 +810,9 @@ def cmd_sweep(args) -> int:
         cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)), limits=limits)
     if args.workers is not None and args.workers < 1:
         raise ShortcutlabError(f"--workers must be a positive integer; got {args.workers}")
+    from shortcutlab.sweep.threads import check_threads
+
+    check_threads(args.threads)
     registration = None
     if args.registration:  # checked before anything is written (a dry run too)
         from shortcutlab.sweep.registration import check_registration
@@ -824,10 +831,14 @@ def cmd_sweep(args) -> int:
                   "again (the device is part of a train task's id: results can differ across devices)")
         return 0
     _check_output_folder(args.out, "--out")
-    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet, registration=registration)
+    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet, registration=registration,
+                        threads=args.threads)
     ran = summary["n_tasks"] - sum(summary["done_before"].values())
+    th = summary.get("threads") or {}
+    threads = "" if not th else f", {th['per_task']} torch thread(s) per task" + (
+        f" ({th['total']} shared by {th['workers']} worker(s))" if th["total"] is not None else "")
     print(f"sweep: {summary['n_tasks']} tasks ({ran} run now, {summary['n_tasks'] - ran} already done), "
-          f"{summary['n_models']} models, {summary['seconds']:.1f} s")
+          f"{summary['n_models']} models, {summary['seconds']:.1f} s{threads}")
     from shortcutlab.sweep.folder import SweepLayout
 
     print(f"wrote {SweepLayout(args.out).table('predictions')} (.csv), results.parquet (.csv), splits.json, sweep.json"
@@ -1091,6 +1102,8 @@ def _add_demo_command(sub) -> None:
     d.add_argument("--mechanism", help="planted mechanisms, comma-separated (default all five; color with --quick)")
     d.add_argument("--quick", action="store_true", help="the small demo: color vs none, 4 seeds, 2 cells, 12 epochs (about a minute on 2 cores)")
     d.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    d.add_argument("--threads", type=int, metavar="N", help="torch threads (default: the cores available to this process; "
+                   "1 with --quick, faster on a shared machine); recorded in each run.json")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_demo)
 
@@ -1151,6 +1164,9 @@ def _add_sweep_command(sub) -> None:
                    help=f"what runs the tasks (default {executors.DEFAULT_EXECUTOR})")
     w.add_argument("--address", help=f"{_executor_flag_help('address')}: cluster address (default: a local instance)")
     w.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, mps)")
+    w.add_argument("--threads", type=int, metavar="N", help="torch threads of the whole sweep, shared among the --workers "
+                   "(each task gets N // workers, at least 1; default: the config's threads, else the cores available); "
+                   "with --executor ray, the threads each task reserves and runs on (default 1)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.add_argument("--limit", action="append", metavar="NAME=N",
                    help="raise or lower a cap: tasks (default 100000), seeds (10000), bytes (2000000), scalar (100000), depth (50)")
