@@ -3,11 +3,12 @@
 A sweep or a report over many models warns once per model about the same thing (an interval
 with few clusters, a constant saliency map). Printed one by one, the same sentence fills the
 screen and hides the one warning that says something else. Here warnings are grouped by their
-category and their message with every number and id masked (`mask_numbers`); each group is
-printed once, with its first message and a count:
+category and their message with every value masked (`mask_values`: numbers, ids, quoted names
+and the values of ``key=value`` pairs); each group is printed once, with its first message and
+a count:
 
 - ``(x N)``: N warnings with exactly this message;
-- ``(and N similar)``: N more that differ from this one only in numbers or ids.
+- ``(and N similar)``: N more that differ from this one only in such values.
 
 `collected` is the context manager the command line wraps every command in; commands that
 catch their own warnings print them with `summary_lines`. Only the terminal is collapsed:
@@ -32,20 +33,27 @@ import warnings
 from dataclasses import dataclass
 from typing import Iterable, Iterator, TextIO
 
-#: an id (8 or more hex digits with at least one digit: a task id, a hash prefix), then any
-#: number with its sign and decimals (-0.125, 1e-05, 87%)
+#: the value of a ``key=value`` pair (up to a space, a comma, a bracket, or a colon that ends a
+#: clause: ``low_pass:sigma=1.0`` is one value), a quoted name, an id (8 or more hex digits with
+#: at least one digit: a task id, a hash prefix), then any number with its sign and decimals
+_KEY_VALUE = re.compile(r"\b(\w+)=(?:'[^']*'|\"[^\"]*\"|(?:[^\s,;()\[\]:]|:(?!\s|$))+)")
+_QUOTED = re.compile(r"'[^'\s]*'|\"[^\"\s]*\"")
 _ID = re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
-def mask_numbers(text: str) -> str:
-    """`text` with every id and number replaced by ``#`` and its spaces normalised, so that
-    two messages that differ only in a count, a value or an id compare equal.
+def mask_values(text: str) -> str:
+    """`text` with the value of every ``key=value`` pair, every quoted word, id and number
+    replaced by ``#`` and its spaces normalised, so that two messages about different models,
+    conditions or counts but saying the same thing compare equal.
 
-    >>> mask_numbers("model 3f2a9c01d4e5b6a7: 51 of 80 maps constant (p = 0.031)")
-    'model #: # of # maps constant (p = #)'
+    >>> mask_values("leak condition=color, intervention=low_pass:sigma=1.0: 1 seed(s), fewer than 3")
+    'leak condition=#, intervention=#: # seed(s), fewer than #'
+    >>> mask_values("model 3f2a9c01d4e5b6a7: column 'R' does not vary (p = 0.031)")
+    'model #: column # does not vary (p = #)'
     """
-    return _NUMBER.sub("#", _ID.sub("#", " ".join(str(text).split())))
+    text = _KEY_VALUE.sub(lambda m: m.group(1) + "=#", " ".join(str(text).split()))
+    return _NUMBER.sub("#", _ID.sub("#", _QUOTED.sub("#", text)))
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ def collapse(records: Iterable) -> list[WarningGroup]:
     groups: dict[tuple[type, str], list[str]] = {}
     for record in records:
         category, message = _parts(record)
-        groups.setdefault((category, mask_numbers(message)), []).append(message)
+        groups.setdefault((category, mask_values(message)), []).append(message)
     return [WarningGroup(category, msgs[0], len(msgs), all(m == msgs[0] for m in msgs)) for (category, _), msgs in groups.items()]
 
 

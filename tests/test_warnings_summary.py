@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from shortcutlab.warnings_summary import collapse, collected, mask_numbers, summary_lines
+from shortcutlab.warnings_summary import collapse, collected, mask_values, summary_lines
 
 
 class _Quiet(UserWarning):
@@ -46,9 +46,25 @@ def test_identical_warnings_print_a_count_and_categories_stay_apart():
     ("task 3f2a9c01d4e5b6a7 failed", "task 00aa11bb22cc33dd failed", True),
     ("leak-high cell", "clean-high cell", False),          # words are not masked
     ("the deadbeef model", "the cafebabe model", False),   # hex-looking words without a digit are words
+    ("leak condition=color, intervention=none: 1 seed(s)", "leak condition=none, intervention=low_pass:sigma=1.0: 2 seed(s)", True),
+    ("leak condition=color: no interval", "leak_cut condition=color: no interval", False),   # the subject is a word
+    ("column 'R' does not vary", "column 'floor' does not vary", True),
+    ("column 'R' does not vary", "column R does not vary", False),
 ])
 def test_masking_equates_numbers_and_ids_only(a, b, same):
-    assert (mask_numbers(a) == mask_numbers(b)) is same
+    assert (mask_values(a) == mask_values(b)) is same
+
+
+def test_the_demos_notes_collapse_to_one_line_per_estimand_and_reason():
+    """The notes `results` printed for a one-seed demo, one per estimand, condition and
+    intervention: 2 estimands x 2 conditions x 2 interventions give 2 lines of 4."""
+    reason = "1 seed(s), fewer than 3: the seed-level variance cannot be estimated, no interval"
+    records = [(UserWarning, f"{est} condition={cond}, arch=test_resnet, diversity=high, intervention={iv}: {reason}")
+               for est in ("leak", "leak_cut") for cond in ("color", "none") for iv in ("none", "low_pass:sigma=1.0")]
+    assert summary_lines(records, prefix="note", category=False) == [
+        f"note: leak condition=color, arch=test_resnet, diversity=high, intervention=none: {reason} (and 3 similar)",
+        f"note: leak_cut condition=color, arch=test_resnet, diversity=high, intervention=none: {reason} (and 3 similar)",
+    ]
 
 
 def test_collected_prints_each_group_once_at_the_end_also_for_a_warning_repeated_on_one_line(capsys):
