@@ -1102,8 +1102,8 @@ def _add_demo_command(sub) -> None:
     d.add_argument("--mechanism", help="planted mechanisms, comma-separated (default all five; color with --quick)")
     d.add_argument("--quick", action="store_true", help="the small demo: color vs none, 4 seeds, 2 cells, 12 epochs (about a minute on 2 cores)")
     d.add_argument("--no-report", action="store_true", help="skip the HTML report")
-    d.add_argument("--threads", type=int, metavar="N", help="torch threads (default: the cores available to this process; "
-                   "1 with --quick, faster on a shared machine); recorded in each run.json")
+    d.add_argument("--threads", type=int, metavar="N", help="torch threads (default: OMP_NUM_THREADS where set, else the cores available "
+                   "to this process; 1 with --quick, faster on a shared machine); recorded in each run.json")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_demo)
 
@@ -1165,7 +1165,8 @@ def _add_sweep_command(sub) -> None:
     w.add_argument("--address", help=f"{_executor_flag_help('address')}: cluster address (default: a local instance)")
     w.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, mps)")
     w.add_argument("--threads", type=int, metavar="N", help="torch threads of the whole sweep, shared among the --workers "
-                   "(each task gets N // workers, at least 1; default: the config's threads, else the cores available); "
+                   "(each task gets N // workers, at least 1; default: the config's threads, else OMP_NUM_THREADS where "
+                   "set, else the cores available); "
                    "with --executor ray, the threads each task reserves and runs on (default 1)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.add_argument("--limit", action="append", metavar="NAME=N",
