@@ -117,6 +117,20 @@ def _numbers(text: str, flag: str, kind: type = float, example: str = "") -> lis
     return out
 
 
+def _print_warnings(caught: list, category: type) -> None:
+    """Print a command's own warnings of `category` (collapsed: a repeated one once, with a
+    count; `warnings_summary`) and raise the others again for the summary at the end."""
+    import warnings
+
+    from shortcutlab.warnings_summary import summary_lines
+
+    for line in summary_lines([w for w in caught if issubclass(w.category, category)], category=False):
+        print(line)
+    for w in caught:
+        if not issubclass(w.category, category):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def _fmt(x) -> str:
     if x is None:
         return "n/a"
@@ -425,6 +439,10 @@ def cmd_demo(args) -> int:
         kw["mechanisms"] = tuple(m.strip() for m in args.mechanism.split(","))
     if args.no_report:
         kw["report"] = False
+    if args.threads is not None:
+        from shortcutlab.sweep.threads import check_threads
+
+        kw["threads"] = check_threads(args.threads)
     cfg = DemoConfig.quick(progress=not args.quiet, **kw) if args.quick else DemoConfig(progress=not args.quiet, **kw)
     _check_output_folder(args.out, "--out")
     summary = run_demo(args.out, cfg)
@@ -466,11 +484,7 @@ def cmd_siblings(args) -> int:
         summary = run(args.train, args.test, args.out, threshold=args.threshold, ssim_min=args.ssim, image=args.image,
                       id=args.id, cell=args.cell, n_sheet=args.pairs, confirm=confirm)
     write_marker(args.out, "siblings", SIBLINGS_FILES)
-    for w in caught:
-        if issubclass(w.category, SplitWarning):
-            print(f"warning: {w.message}")
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _print_warnings(caught, SplitWarning)
     how = "" if args.threshold is not None else " (default, chosen on synthetic augmentations)"
     print(f"{summary['n_with_sibling']} of {summary['n_test']} test images ({100 * summary['share']:.2f}%) have a training sibling "
           f"within {summary['threshold']} bits{how}" + (f" and SSIM >= {args.ssim}" if args.ssim is not None else "")
@@ -795,6 +809,9 @@ def cmd_sweep(args) -> int:
         cfg = validate(raw, source=cfg.source, base_dir=os.path.dirname(os.path.abspath(args.config)), limits=limits)
     if args.workers is not None and args.workers < 1:
         raise ShortcutlabError(f"--workers must be a positive integer; got {args.workers}")
+    from shortcutlab.sweep.threads import check_threads
+
+    check_threads(args.threads)
     registration = None
     if args.registration:  # checked before anything is written (a dry run too)
         from shortcutlab.sweep.registration import check_registration
@@ -813,10 +830,14 @@ def cmd_sweep(args) -> int:
                   "again (the device is part of a train task's id: results can differ across devices)")
         return 0
     _check_output_folder(args.out, "--out")
-    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet, registration=registration)
+    summary = run_sweep(cfg, args.out, _sweep_executor(args), progress=not args.quiet, registration=registration,
+                        threads=args.threads)
     ran = summary["n_tasks"] - sum(summary["done_before"].values())
+    th = summary.get("threads") or {}
+    threads = "" if not th else f", {th['per_task']} torch thread(s) per task" + (
+        f" ({th['total']} shared by {th['workers']} worker(s))" if th["total"] is not None else "")
     print(f"sweep: {summary['n_tasks']} tasks ({ran} run now, {summary['n_tasks'] - ran} already done), "
-          f"{summary['n_models']} models, {summary['seconds']:.1f} s")
+          f"{summary['n_models']} models, {summary['seconds']:.1f} s{threads}")
     from shortcutlab.sweep.folder import SweepLayout
 
     print(f"wrote {SweepLayout(args.out).table('predictions')} (.csv), results.parquet (.csv), splits.json, sweep.json"
@@ -839,6 +860,8 @@ def cmd_register(args) -> int:
 
 def cmd_results(args) -> int:
     import warnings
+
+    from shortcutlab.warnings_summary import summary_lines
 
     from shortcutlab.stats import StatsWarning
     from shortcutlab.sweep.runner import estimates_table, results_table
@@ -877,8 +900,8 @@ def cmd_results(args) -> int:
             print()
             print(_sensitivity_text(summary, args.mixed_model))
     print(registration_statement(args.dir))
-    for w in caught:
-        print(f"note: {' '.join(str(w.message).split())}")
+    for line in summary_lines(caught, prefix="note", category=False):
+        print(line)
     return 0
 
 
@@ -1078,6 +1101,8 @@ def _add_demo_command(sub) -> None:
     d.add_argument("--mechanism", help="planted mechanisms, comma-separated (default all five; color with --quick)")
     d.add_argument("--quick", action="store_true", help="the small demo: color vs none, 4 seeds, 2 cells, 12 epochs (about a minute on 2 cores)")
     d.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    d.add_argument("--threads", type=int, metavar="N", help="torch threads (default: OMP_NUM_THREADS where set, else the cores available "
+                   "to this process; 1 with --quick, faster on a shared machine); recorded in each run.json")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_demo)
 
@@ -1138,6 +1163,10 @@ def _add_sweep_command(sub) -> None:
                    help=f"what runs the tasks (default {executors.DEFAULT_EXECUTOR})")
     w.add_argument("--address", help=f"{_executor_flag_help('address')}: cluster address (default: a local instance)")
     w.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, mps)")
+    w.add_argument("--threads", type=int, metavar="N", help="torch threads of the whole sweep, shared among the --workers "
+                   "(each task gets N // workers, at least 1; default: the config's threads, else OMP_NUM_THREADS where "
+                   "set, else the cores available); "
+                   "with --executor ray, the threads each task reserves and runs on (default 1)")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.add_argument("--limit", action="append", metavar="NAME=N",
                    help="raise or lower a cap: tasks (default 100000), seeds (10000), bytes (2000000), scalar (100000), depth (50)")
@@ -1244,11 +1273,7 @@ def cmd_masks(args) -> int:
         warnings.simplefilter("always", MaskWarning)
         summary = write_masks(args.table, args.out, image=args.image, id=args.id, column=args.column,
                               method=args.method, channel=args.channel, smooth=args.smooth, n_sheet=args.sheet)
-    for w in caught:
-        if issubclass(w.category, MaskWarning):
-            print(f"warning: {w.message}")
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _print_warnings(caught, MaskWarning)
     c = summary["counts"]
     print(f"{c['crops']} masks ({summary['method']} threshold on the {summary['channel']} channel): {c['empty']} empty, "
           f"{c['full']} full, {c['touches_border']} touch the border, {c['several_components']} with several components; "
@@ -1348,11 +1373,7 @@ def cmd_crops(args) -> int:
         result = cut_crops(args.table, args.parent_image, args.out, center=args.center, size=args.size, box=args.box,
                            border=args.border, fill=args.fill, id=args.id, label=args.label, parent=args.parent,
                            group=args.group, root=args.root, compress_level=args.compress_level)
-    for w in caught:
-        if issubclass(w.category, WindowWarning):
-            print(f"warning: {w.message}")
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _print_warnings(caught, WindowWarning)
     print(f"cut {result.n_crops} crops from {result.n_images} parent images ({len(result.padded)} padded, border {args.border})")
     print(f"  wrote {result.table_path} (paths relative to its folder), {result.sidecar_path}, crops in "
           f"{os.path.join(args.out, 'crops')}")
@@ -1394,6 +1415,8 @@ def _design_values(text: str, flag: str, low: int) -> list[int]:
 def cmd_power(args) -> int:
     import itertools
     import warnings
+
+    from shortcutlab.warnings_summary import summary_lines
 
     from shortcutlab.io import claim_output_dir
     from shortcutlab.report.power import POWER_FILES, pilot_components, write_power
@@ -1443,8 +1466,8 @@ def cmd_power(args) -> int:
         print(f"power of the {'paired t on per-seed leak effects' if args.test == 't' else 'two-way cluster bootstrap'} "
               f"at alpha {args.alpha:g} ({args.n_sim} simulated data sets per row; mc_se: Monte Carlo SE)")
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    for w in caught:
-        print(f"note: {' '.join(str(w.message).split())}")
+    for line in summary_lines(caught, prefix="note", category=False):
+        print(line)
     print(f"wrote {paths['power.csv']}, power.png, components.json")
     return 0
 
@@ -1481,8 +1504,11 @@ def _add_power_command(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from shortcutlab.warnings_summary import collected
+
     try:
-        return int(args.func(args) or 0)
+        with collected():  # repeated warnings print once, with a count, when the command ends
+            return int(args.func(args) or 0)
     except ShortcutlabError as e:
         print(f"shortcutlab {args.command}: error: {e}", file=sys.stderr)
         return 2

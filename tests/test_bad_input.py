@@ -3507,3 +3507,26 @@ I24S_CASES = [
 @pytest.mark.parametrize("case", I24S_CASES, ids=[c.id for c in I24S_CASES])
 def test_i24s_saliency_bad_input(case: Case, tmp_path) -> None:
     check(case, tmp_path)
+# --- I24-QUIET (issue 24, item 6: torch threads of sweeps and the demo) -------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_i24q_sweep_threads_must_be_a_positive_integer(tmp_path, capsys, value) -> None:
+    out = tmp_path / "o"
+    line = cli_error(["sweep", _sweep_config(tmp_path, _SWEEP_YAML), "--out", str(out), "--threads", value], capsys)
+    assert line == f"shortcutlab sweep: error: --threads takes the number of torch threads, a positive integer; got {value}"
+    assert not out.exists()  # refused before anything is written
+
+
+def test_i24q_demo_threads_must_be_a_positive_integer(tmp_path, capsys) -> None:
+    out = tmp_path / "demo"
+    line = cli_error(["demo", "--quick", "--out", str(out), "--threads", "0"], capsys)
+    assert line == "shortcutlab demo: error: --threads takes the number of torch threads, a positive integer; got 0"
+    assert not out.exists()
+
+
+def test_i24q_sweep_config_threads_must_be_an_integer(tmp_path) -> None:
+    from shortcutlab.sweep.config import SweepConfigError, load_config
+
+    check(Case("i24q-config-threads-float", lambda p: load_config(_sweep_config(p, _SWEEP_YAML + "threads: 2.5\n")),
+               SweepConfigError, ("threads", "positive integer", "2.5")), tmp_path)

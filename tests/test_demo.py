@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from shortcutlab.studies.demo import DemoConfig, leak_effects, run_demo
 
@@ -155,7 +156,9 @@ def test_the_demo_sweep_trains_exactly_what_a_direct_train_call_trains(tmp_path)
     from shortcutlab.data.splits import factorial_split
     from shortcutlab.synth import SynthConfig, synthesize
 
-    cfg = DemoConfig(fields_per_class=8, epochs=1, crop_size=16, seeds=(3,), progress=False, interventions=(), diagnostics=(), report=False)
+    # the same thread count as the direct call below: the logits' last digits depend on it
+    cfg = DemoConfig(fields_per_class=8, epochs=1, crop_size=16, seeds=(3,), progress=False, interventions=(), diagnostics=(), report=False,
+                     threads=torch.get_num_threads())
     rows = run_condition(("color",), 3, cfg, str(tmp_path / "demo"))
     bench = synthesize(SynthConfig(seed=3, n_classes=3, fields_per_class=8, mean_cells_per_field=6.0, crop_size=16, field_size=64,
                                    mechanisms=("color",), strength=1.0, class_signal=0.6))

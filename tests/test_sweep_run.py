@@ -106,8 +106,12 @@ def test_a_second_run_redoes_nothing_and_gives_the_same_tables(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_one_and_two_workers_give_identical_tables(tiny, tmp_path):
-    out, _ = tiny
-    run_sweep(validate(TINY), str(tmp_path), LocalExecutor(workers=2), progress=False)
+    # the two workers share the sweep's threads (`sweep.threads`): twice those of the one-worker
+    # sweep give each task the same torch threads, hence the same float reductions
+    out, summary = tiny
+    per_task = summary["threads"]["per_task"]
+    again = run_sweep(validate(TINY), str(tmp_path), LocalExecutor(workers=2), progress=False, threads=2 * per_task)
+    assert again["threads"]["per_task"] == per_task
     for name in ("predictions.parquet", "results.parquet"):
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / name), pd.read_parquet(os.path.join(out, name)))
 
@@ -256,10 +260,11 @@ def test_ray_executor_gives_the_tables_of_the_local_one(tiny, tmp_path):
     pytest.importorskip("ray")
     from shortcutlab.sweep.executors.ray import RayExecutor
 
-    local_out, _ = tiny
+    local_out, summary = tiny
     out = str(tmp_path / "ray")
-    with RayExecutor(num_cpus=2) as ex:
-        run_sweep(validate(TINY), out, ex, progress=False)
+    per_task = summary["threads"]["per_task"]
+    with RayExecutor(num_cpus=max(2, per_task)) as ex:  # Ray's tasks run on the threads given per task: the local run's
+        run_sweep(validate(TINY), out, ex, progress=False, threads=per_task)
     for name in ("predictions", "results"):
         a = pd.read_parquet(os.path.join(local_out, f"{name}.parquet"))
         b = pd.read_parquet(os.path.join(out, f"{name}.parquet"))

@@ -102,6 +102,9 @@ class RunRecord:
     adversary: dict | None = None
     data: dict = field(default_factory=dict)
     weights_fit: dict | None = None
+    #: torch threads the run trained and scored on (float reductions, hence the last digits
+    #: of the logits, depend on it); None in runs written before it was recorded
+    threads: int | None = None
 
 
 def random_resized_crop(
@@ -401,6 +404,7 @@ def train(
     cell: str | None = None,
     augmentation: Augmentation | None = None,
     progress: bool = True,
+    on_epoch: Callable[[int, int], None] | None = None,
 ) -> RunRecord:
     """Train one model on the training side of a split and score every crop of the split.
 
@@ -421,12 +425,12 @@ def train(
         cell: the cell of a multi-cell manifest (factorial, ladder).
         augmentation: optional ``fn(x, mask) -> x`` applied to training batches.
         progress: show tqdm progress bars.
+        on_epoch: called as ``on_epoch(done, epochs)`` after each training epoch (a sweep's
+            progress bar advances with it).
 
     Returns:
         The run record (also written to run.json).
     """
-    from shortcutlab.models.adapter import create_model_fit, input_size_kw, wrap
-
     t0 = time.perf_counter()
     # Before anything can start CUDA (CUBLAS_WORKSPACE_CONFIG) and before any work is done.
     device = resolve_device(config.device)
@@ -438,14 +442,9 @@ def train(
     t_load = time.perf_counter() - t0
 
     with torch.random.fork_rng(devices=[]), _deterministic():
-        # The global generator, seeded here, initialises the model and then the adversary.
-        torch.manual_seed(config.seed)
-        model, weights_fit = create_model_fit(config.arch, len(classes), config.weights, **input_size_kw(config.arch, config.input_size))
-        model.to(device)
-        adapter = wrap(model, device=device)
-        adversary = _ParentAdversary(table.parent_codes, train_idx, adapter.num_features, device) if config.adversary_weight > 0 else None
+        model, weights_fit, adapter, adversary = _build_model(config, len(classes), table.parent_codes, train_idx, device)
         t1 = time.perf_counter()
-        epoch_loss = _fit(adapter, adversary, crops, train_idx, config, augmentation, device, progress)
+        epoch_loss = _fit(adapter, adversary, crops, train_idx, config, augmentation, device, progress, on_epoch)
         if config.precise_bn:
             recalibrate_batchnorm(adapter, crops, train_idx, config, device)
         t2 = time.perf_counter()
@@ -470,9 +469,24 @@ def train(
         adversary=adversary.log if adversary is not None else None,
         data=data_files,
         weights_fit=weights_fit.to_dict() if weights_fit is not None else None,
+        threads=torch.get_num_threads(),
     )
     _write_run(out_dir, frame, model, record)
     return record
+
+
+def _build_model(config: TrainConfig, n_classes: int, parent_codes: np.ndarray, train_idx: np.ndarray, device: torch.device):
+    """The model (with its weights file's fit, `create_model_fit`), its adapter on `device`,
+    and the parent adversary when ``adversary_weight > 0`` (else None). The global generator,
+    seeded here with ``config.seed``, initialises the model and then the adversary."""
+    from shortcutlab.models.adapter import create_model_fit, input_size_kw, wrap
+
+    torch.manual_seed(config.seed)
+    model, weights_fit = create_model_fit(config.arch, n_classes, config.weights, **input_size_kw(config.arch, config.input_size))
+    model.to(device)
+    adapter = wrap(model, device=device)
+    adversary = _ParentAdversary(parent_codes, train_idx, adapter.num_features, device) if config.adversary_weight > 0 else None
+    return model, weights_fit, adapter, adversary
 
 
 def _load_inputs(manifest, split, cell: str | None, config: TrainConfig):
@@ -555,7 +569,7 @@ def _batch_count(n_train: int, batch_size: int) -> int:
 
 
 def _fit(adapter, adversary: _ParentAdversary | None, crops: CropImages, train_idx: np.ndarray, config: TrainConfig,
-         augmentation, device: torch.device, progress: bool) -> list[float]:
+         augmentation, device: torch.device, progress: bool, on_epoch: Callable[[int, int], None] | None = None) -> list[float]:
     """Step 2 of `train`: AdamW over `config.epochs` epochs of shuffled, augmented batches.
 
     Shuffling and augmentation draw from one generator seeded by ``config.seed``.
@@ -591,6 +605,8 @@ def _fit(adapter, adversary: _ParentAdversary | None, crops: CropImages, train_i
         if adversary is not None:
             adversary.end_epoch(seen)
         bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_loss[-1]:.3f}")
+        if on_epoch is not None:
+            on_epoch(epoch + 1, config.epochs)
     bar.close()
     return epoch_loss
 

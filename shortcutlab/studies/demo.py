@@ -57,8 +57,11 @@ class DemoConfig:
         diagnostics: run on every model (the sweep's ``diagnostics.only``).
         report: after the sweep, write ``OUT/report/report.html`` (`build_report`).
         n_boot: bootstrap resamples of the report's intervals.
-        threads: torch threads per task (None: torch's default, as the demo trained before it
-            became a sweep).
+        threads: torch threads of the demo's sweeps (None: the cores available to the process,
+            or OMP_NUM_THREADS where set: `sweep.threads.default_threads`); the sweep runs one
+            task at a time, on all of them.
+            The logits' last digits depend on the thread count: a direct `train` call matches
+            a demo model when it runs on the same number of threads (recorded in run.json).
     """
 
     mechanisms: tuple[str, ...] = ("color", "illumination", "background", "focus", "noise")
@@ -150,9 +153,9 @@ def full_sweep_config(cfg: DemoConfig, conditions: list[tuple[str, ...]] | None 
         "cells": list(cfg.cells),
         "interventions": ivs,
         "diagnostics": list(cfg.diagnostics) if cfg.diagnostics else "none",
-        # torch's default thread count, as the demo trained before it became a sweep: float
-        # reductions, hence the last digits of the logits, depend on the thread count
-        "threads": cfg.threads or torch.get_num_threads(),
+        # None: the sweep's default, the cores available (float reductions, hence the last
+        # digits of the logits, depend on the thread count; each run.json records it)
+        **({"threads": cfg.threads} if cfg.threads is not None else {}),
     }
 
 

@@ -16,7 +16,7 @@ Schema (every key but `data`, `split`, `seeds` and `models` optional)::
     interventions: {names: [greyscale, low_pass], params: {low_pass: {sigma: 2.0}}}
     diagnostics: {only: [parent_probe], params: {parent_probe: {n_folds: 4}}}
     device: cpu
-    threads: 1
+    threads: 2                  # torch threads of the whole sweep (default: the cores available; see sweep.threads)
     limits: {tasks: 100000, seeds: 10000}   # caps (DEFAULT_LIMITS); `sweep --limit NAME=N` sets any
     analysis: {n_boot: 10000, seed: 0, level: 0.95, interval: cgm, alpha: 0.05,
                families: {primary: [H1, H2]}, estimands: [leak, leak_cut],
@@ -166,7 +166,9 @@ class SweepConfig:
     diagnostics: tuple[str, ...]
     diagnostic_params: dict = field(hash=False)
     device: str = "cpu"
-    threads: int = 1
+    #: torch threads of the whole sweep on this machine (None: not given, the cores available);
+    #: how they are shared among tasks running at once is `sweep.threads`
+    threads: int | None = None
     source: str = ""
     raw: dict = field(default_factory=dict, hash=False, compare=False)
     #: the `analysis:` mapping as given (checked; None when the config has none): it sets the
@@ -325,9 +327,11 @@ def validate(raw: Any, source: str = "", base_dir: str | None = None, limits: Ma
         resolve_device(device)
     except ShortcutlabError as e:
         raise ck.error("device", str(e)) from None
-    threads = ck.typed("threads", raw.get("threads", 1), (int,), "a positive integer (torch threads per task)")
-    if threads < 1:
-        raise ck.error("threads", f"expected a positive integer (torch threads per task); got {threads!r}")
+    threads = raw.get("threads")
+    if threads is not None:
+        threads = ck.typed("threads", threads, (int,), "a positive integer (torch threads of the sweep)")
+        if threads < 1:
+            raise ck.error("threads", f"expected a positive integer (torch threads of the sweep); got {threads!r}")
     caps = _limits(ck, raw.get("limits"), limits)
     seeds = _seeds(ck, raw["seeds"], caps["seeds"])
     n_tasks = planned_tasks(raw)

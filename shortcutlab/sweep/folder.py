@@ -6,6 +6,7 @@ A sweep folder ``DIR`` (written by `shortcutlab sweep`, read by `shortcutlab res
 - ``sweep.json``: the resolved config, the task counts, the model entries and the versions;
 - ``.sweep.lock``: the lock of the sweep process running there;
 - ``.shortcutlab-output.json``: the output marker (`shortcutlab.io.MARKER`);
+- ``tasks/<kind>/.<id>.progress.json``: while a task runs, how far it is (the progress bar);
 - ``tasks/<kind>/<id>/``: one folder per task (`TaskFolder`), with ``result.json`` (the task
   is done when it exists) and the task's outputs: ``benchmark/`` (synthesise; its crop
   manifest ``benchmark/manifest.csv``), ``split.csv`` (split), a run folder (train: the files
@@ -55,6 +56,8 @@ TABLE_FORMATS = ("parquet", "csv")
 SWEEP_FILES = (CONFIG, LOCK, TASKS + "/", "predictions.parquet", "predictions.csv", "results.parquet",
                "results.csv", SPLITS, REPORT + "/", REGISTRATION)
 
+#: the end of a running task's progress file's name (`SweepLayout.progress`)
+PROGRESS_SUFFIX = ".progress.json"
 RESULT = "result.json"
 BENCHMARK = "benchmark"
 #: the crop manifest of a synthesise task's benchmark, relative to the task's folder
@@ -213,6 +216,12 @@ class SweepLayout:
     def task(self, kind: str, tid: str) -> TaskFolder:
         """The files of one task's folder."""
         return TaskFolder(self.task_dir(kind, tid))
+
+    def progress(self, kind: str, tid: str) -> str:
+        """``tasks/<kind>/.<id>.progress.json``: how far a running task is (a train task:
+        ``{"epoch": done, "epochs": all}``), read by the sweep's progress bar; removed when
+        the task ends (a killed sweep's are removed when it starts again)."""
+        return os.path.join(self.kind_dir(kind), f".{tid}{PROGRESS_SUFFIX}")
 
     def is_done(self, kind: str, tid: str) -> bool:
         """Whether the task's folder holds its ``result.json`` (a task folder appears whole)."""

@@ -56,8 +56,10 @@ def build_plan(cfg: SweepConfig) -> Plan:
     """Expand a validated config into its task graph (dependencies first) and model entries."""
     g = TaskGraph()
     plan = Plan(g)
-    res = {"cpu": cfg.threads, "gpu": 1 if cfg.device.startswith("cuda") else 0}
-    light = {"cpu": cfg.threads, "gpu": 0}
+    # the runner sets each task's threads for its executor (`sweep.threads`); this is what a
+    # task reserves where nothing else says (the config's threads, else 1)
+    res = {"cpu": cfg.threads or 1, "gpu": 1 if cfg.device.startswith("cuda") else 0}
+    light = {"cpu": cfg.threads or 1, "gpu": 0}
     trains = [m.train for m in cfg.models if m.train is not None]
     recipe_keys = _varying(trains)
     split_keys = [k for k in _varying(list(cfg.split_params)) if k != "protocol"]

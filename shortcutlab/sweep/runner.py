@@ -21,6 +21,7 @@ import os
 import platform
 import shutil
 import time
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -30,9 +31,11 @@ from shortcutlab.io import atomic_files, check_writable, write_json
 from shortcutlab.paths import wrong_kind
 from shortcutlab.sweep.config import SweepConfig, load_config
 from shortcutlab.sweep.executors import Executor, LocalExecutor
-from shortcutlab.sweep.folder import SweepLayout, claim_sweep_dir, is_done
+from shortcutlab.sweep.folder import PROGRESS_SUFFIX, SweepLayout, claim_sweep_dir, is_done
 from shortcutlab.sweep.plan import Plan, build_plan
+from shortcutlab.sweep.progress import BAR_FORMAT, SweepProgress
 from shortcutlab.sweep.tasks import KINDS, TaskRunner
+from shortcutlab.sweep.threads import check_threads, plan_threads
 
 #: the key columns of every model, in the tables' order
 KEY_COLUMNS = ("model", "condition", "arch", "seed", "protocol", "cell", "exposure", "diversity")
@@ -79,15 +82,20 @@ def _lock(out_dir: str):
 
 
 def _clean_temporaries(out_dir: str) -> int:
-    """Remove the temporary folders a killed sweep left beside its task folders."""
+    """Remove the temporary folders and progress files a killed sweep left beside its task folders."""
     n = 0
     for kind in KINDS:
         folder = SweepLayout(out_dir).kind_dir(kind)
         if not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
-            if name.startswith(".") and (name.endswith(".tmp") or name.endswith(".old")):
-                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            path = os.path.join(folder, name)
+            if name.startswith(".") and (name.endswith(".tmp") or name.endswith(".old") or name.endswith(PROGRESS_SUFFIX)):
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:  # a progress file, or the temporary of one
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
                 n += 1
     return n
 
@@ -137,7 +145,7 @@ def trained_on_other_devices(out_dir: str, device: str) -> dict[str, int]:
 
 
 def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None = None, *, progress: bool = True,
-              dry_run: bool = False, registration: dict | None = None) -> dict[str, Any]:
+              dry_run: bool = False, registration: dict | None = None, threads: int | None = None) -> dict[str, Any]:
     """Run (or, with `dry_run`, list) the tasks of a sweep and gather its tables.
 
     Args:
@@ -149,6 +157,9 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
         registration: what `registration.check_registration` returned (path, sha256) for a
             sweep checked against its registration: the file is copied into the folder and
             its hash recorded in sweep.json; None removes an earlier copy.
+        threads: torch threads of the whole sweep (None: the config's ``threads``, else the
+            cores available); each of the executor's ``workers`` gets ``threads // workers``
+            (`sweep.threads`, recorded in sweep.json).
 
     Returns:
         A summary: counts per kind (all and done before this run), the tasks (dry run) or the
@@ -179,25 +190,28 @@ def run_sweep(config: SweepConfig | str, out_dir: str, executor: Executor | None
     check_writable(SweepLayout(out_dir).config)
     claim_sweep_dir(out_dir)
     executor = executor or LocalExecutor(workers=1)
+    threads_used = plan_threads(check_threads(threads) if threads is not None else cfg.threads, getattr(executor, "workers", None))
+    summary["threads"] = threads_used.to_dict()
     with _lock(out_dir):
         _clean_temporaries(out_dir)
         reg = _record_registration(out_dir, registration)
         write_json(SweepLayout(out_dir).config, {
             "config": cfg.to_dict(), "config_file": cfg.raw, "counts": counts, "models": plan.models, "splits": plan.splits,
             "tasks": [{"id": t.id, "kind": t.kind, "deps": list(t.deps)} for t in tasks],
-            "versions": versions(), "executor": getattr(executor, "name", type(executor).__name__), **reg,
+            "versions": versions(), "executor": getattr(executor, "name", type(executor).__name__),
+            "threads": threads_used.to_dict(), **reg,
         })
-        todo = plan.graph.subgraph([t.id for t in tasks if t.id not in done])
-        bar = tqdm(total=len(tasks), initial=len(done), desc="sweep", unit="task", disable=not progress, smoothing=0.1)
-
-        def on_done(task, result) -> None:
-            bar.set_postfix_str(task.kind, refresh=False)
-            bar.update(1)
-
+        todo = [replace(t, resources={**t.resources, "cpu": threads_used.per_task})
+                for t in plan.graph.subgraph([t.id for t in tasks if t.id not in done])]
+        bar = tqdm(total=len(tasks), initial=len(done), desc="sweep", unit="task", disable=not progress, smoothing=0.1,
+                   bar_format=BAR_FORMAT)
+        watch = SweepProgress(bar, out_dir, todo if progress else [])
         try:
             if todo:
-                executor.run(todo, TaskRunner(out_dir), on_done)
+                watch.start()
+                executor.run(todo, TaskRunner(out_dir), lambda task, result: watch.done(task))
         finally:
+            watch.stop()
             bar.close()
         paths = gather(out_dir, plan)
     summary["files"] = paths

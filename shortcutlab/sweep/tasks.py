@@ -17,6 +17,7 @@ its folder holds ``result.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -43,9 +44,10 @@ class TaskRunner:
 def run_task(task: Task, root: str) -> dict:
     """Run one task: build its folder under a temporary name, rename it into place.
 
-    Runs torch on ``task.resources["cpu"]`` threads (restored afterwards), so results do not
-    depend on the executor or its worker count. A task whose folder is already complete is
-    not run again; its recorded result is returned.
+    Runs torch on ``task.resources["cpu"]`` threads (restored afterwards; the runner sets
+    them, `sweep.threads`), recorded as ``threads`` in ``result.json``. Float reductions, hence
+    the last digits of a model's logits, depend on the thread count. A task whose folder is
+    already complete is not run again; its recorded result is returned.
     """
     import torch
 
@@ -56,7 +58,8 @@ def run_task(task: Task, root: str) -> dict:
         return layout.read_result(task.kind, task.id)
     fn = RUNNERS[task.kind]
     old = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(task.resources.get("cpu", 1))))
+    threads = max(1, int(task.resources.get("cpu", 1)))
+    torch.set_num_threads(threads)
     t0 = time.perf_counter()
     try:
         os.makedirs(os.path.dirname(final), exist_ok=True)
@@ -64,7 +67,7 @@ def run_task(task: Task, root: str) -> dict:
             result = fn(task, root, tmp, final)
             with open(TaskFolder(tmp).result, "w", encoding="utf-8") as f:
                 f.write(to_json({"id": task.id, "kind": task.kind, "params": task.params, "deps": list(task.deps),
-                                 "result": result, "seconds": round(time.perf_counter() - t0, 3)}))
+                                 "result": result, "seconds": round(time.perf_counter() - t0, 3), "threads": threads}))
     finally:
         torch.set_num_threads(old)
     return result
@@ -128,9 +131,21 @@ def _run_split(task: Task, root: str, tmp: str, final: str) -> dict:
 def _run_train(task: Task, root: str, tmp: str, final: str) -> dict:
     from shortcutlab.models.recipe import TrainConfig, train
 
+    from shortcutlab.io import write_json
+
     p = task.params
     res, split_path = _split_files(root, p["inputs"]["split"])
-    rec = train(_table(root, res), split_path, tmp, TrainConfig.from_dict(p["train"]), cell=p["cell"], progress=False)
+    progress = SweepLayout(root).progress("train", task.id)
+
+    def on_epoch(done: int, epochs: int) -> None:  # read by the sweep's progress bar, in any process
+        write_json(progress, {"epoch": done, "epochs": epochs})
+
+    try:
+        rec = train(_table(root, res), split_path, tmp, TrainConfig.from_dict(p["train"]), cell=p["cell"], progress=False,
+                    on_epoch=on_epoch)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(progress)
     # run.json names the folder it was written in: the final one, not the temporary one.
     path = TaskFolder(tmp).run_record
     with open(path, encoding="utf-8") as f:
