@@ -87,7 +87,6 @@ def measure_split(table: CropTable, assignment: pd.DataFrame) -> dict:
     pc = table.parent_codes
     out: dict = {"n_unassigned": int((side < 0).sum())}
     train = side == 0
-    m_overlap = None
     for code, name in enumerate(SIDES):
         m = side == code
         if not m.any():
