@@ -989,7 +989,7 @@ def test_gradcam_figure_has_honest_axes_a_legend_and_a_labelled_threshold():
     assert {"leak models", "clean models", "trained model", "randomised head"} <= set(legend)
     from matplotlib.colors import to_rgba
     assert to_rgba(legend["leak models"].get_color()) == to_rgba("tab:red")
-    assert any(t.get_text() == f"check passes below rho {HEAD_CHECK_RHO:g}" for t in right.texts)
+    assert any(t.get_text() == f"dashed line: check passes below rho {HEAD_CHECK_RHO:g}" for t in right.texts)
     assert [t.get_text() for t in left.get_xticklabels()] == ["color\nleak\nn=3", "color\nclean\nn=3"]
     _readable(fig)
     _close(fig)

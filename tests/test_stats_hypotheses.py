@@ -324,13 +324,36 @@ def test_a_slope_from_two_seeds_is_no_test_in_the_follow_up_family():
     leak_models = pred.loc[pred["exposure"] == "leak", "model"].unique()
     results = pd.DataFrame({"model": leak_models, "diagnostic": "parent_probe", "metric": "R", "setting": "",
                             "value": np.random.default_rng(1).uniform(0.1, 0.6, len(leak_models))})
-    with pytest.warns(StatsWarning, match=r"2 seed\(s\): a slope's interval needs 3 or more"):
+    with pytest.warns(StatsWarning, match=r"no interval \(2 seeds; an interval needs 3\)"):
         table = estimates(pred, results, n_boot=300)
     f8 = table[table["hypothesis"] == "F8"].iloc[0]
     assert np.isnan(f8["ci_low"]) and np.isnan(f8["p_value"]) and np.isnan(f8["p_holm"]) and not f8["reject"]
     f2 = table[table["hypothesis"] == "F2"].iloc[0]
     # issue 23: two seeds give no interval and no test for any estimand (fewer than 3 seeds)
     assert np.isnan(f2["p_value"]) and np.isnan(f2["p_holm"]) and "2 seed(s), fewer than 3" in f2["reason"]
+
+
+def test_a_slope_over_a_narrow_range_of_R_has_no_interval_and_is_no_test():
+    """Issue 24: four seeds whose leak models' R all lie within 0.05 (the quick demo's colour
+    models: 0.91 to 0.96) gave F8 intervals such as -1638 to +1564 pp per unit of R. The slope
+    is stated, with no interval, no p and the reason; R spread over 0.2 to 0.8 keeps both."""
+    pred = factorial(n_seeds=4, inters=("none",), rng=np.random.default_rng(5))
+    leak_models = pred.loc[pred["exposure"] == "leak", "model"].unique()
+
+    def table_for(r_values):
+        results = pd.DataFrame({"model": leak_models, "diagnostic": "parent_probe", "metric": "R", "setting": "",
+                                "value": r_values})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StatsWarning)
+            return estimates(pred, results, n_boot=300)
+
+    narrow = table_for(np.linspace(0.91, 0.96, len(leak_models)))
+    f8 = narrow[narrow["estimand"] == "slope"].iloc[0]
+    assert np.isfinite(f8["estimate"]) and np.isnan(f8["ci_low"]) and np.isnan(f8["p_value"]) and not f8["reject"]
+    assert f8["reason"].startswith("R spans only 0.05 (0.91 to 0.96)")
+    wide = table_for(np.linspace(0.2, 0.8, len(leak_models)))
+    f8 = wide[wide["estimand"] == "slope"].iloc[0]
+    assert np.isfinite(f8["ci_low"]) and np.isfinite(f8["p_value"]) and f8["reason"] == ""
 
 
 def test_registered_tests_carry_the_sensitivity_p_values_of_their_rows():

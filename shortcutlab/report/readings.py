@@ -93,11 +93,11 @@ moves             the interval excludes 0 and one end reaches 1 point
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from shortcutlab.stats import get_estimand
-from shortcutlab.stats.estimands import MIN_SLOPE_SEEDS, leak_status
+from shortcutlab.stats.dose import slope_interval_problem
+from shortcutlab.stats.estimands import leak_status
 from shortcutlab.stats.hypotheses import HYPOTHESES
 from shortcutlab.stats.units import ci_pct, ci_pp, is_nan, pct, pct_shown, pp, pp_number, pp_shown
 
@@ -414,49 +414,14 @@ def dose_reading(pairs: pd.DataFrame, slopes: pd.DataFrame | None = None, level:
     return text + "."
 
 
-#: The narrowest spread of R over which a slope's interval is stated (the unit it is stated per).
-MIN_R_SPAN = 0.1
-#: R values closer than this count as one value (`slope_interval_problem`).
-R_RESOLUTION = 0.01
-
-
-def slope_interval_problem(r_values, seeds) -> str:
-    """Why a slope of the gap on R fitted to these points has no meaningful interval ('' when
-    it has one): fewer than `MIN_SLOPE_SEEDS` seeds; R at fewer than three distinct values (to
-    `R_RESOLUTION`); R spread over less than `MIN_R_SPAN`; or two separated clumps (a gap
-    between neighbouring R values wider than half the spread: the slope joins the clumps and
-    says nothing between them). The rules are the module docstring's.
-
-    Args:
-        r_values: R of each point (fractions).
-        seeds: each point's seed (the bootstrap's cluster).
-    """
-    n = len(set(seeds))
-    if n < MIN_SLOPE_SEEDS:
-        return f"{n} seed{'s' if n != 1 else ''}; an interval needs {MIN_SLOPE_SEEDS}"
-    r = np.sort(np.asarray(r_values, dtype=float))
-    levels = len(np.unique(np.round(r / R_RESOLUTION)))
-    span = float(r[-1] - r[0])
-    if levels < 3:
-        return (f"R takes {levels} distinct value{'s' if levels != 1 else ''} ({r[0]:.2f} to {r[-1]:.2f}); a slope "
-                f"through fewer than 3 is a line between clumps")
-    if span < MIN_R_SPAN:
-        return (f"R spans only {span:.2f} ({r[0]:.2f} to {r[-1]:.2f}), less than the {MIN_R_SPAN:g} the slope is "
-                f"stated per, so the slope extrapolates")
-    k = int(np.argmax(np.diff(r)))
-    if r[k + 1] - r[k] > span / 2:
-        return (f"R forms two separated clumps ({r[0]:.2f} to {r[k]:.2f} and {r[k + 1]:.2f} to {r[-1]:.2f}), so "
-                f"the slope is a line between them")
-    return ""
-
-
 def _slope_words(row, points: pd.DataFrame, level: float) -> str:
     """One condition's slope: the estimand's reading, or, where `slope_interval_problem` finds
     its interval meaningless, the slope with 'no interval' and why."""
     why = slope_interval_problem(points["R"], points["seed"]) if len(points) else ""
-    if not why or _nan(row["estimate"]):
+    if not why or _nan(row["estimate"]) or (_nan(row["ci_low"]) and row.get("reason")):
         return get_estimand("slope").read(row, level)
     return f"{row['condition']}: {pp(row['estimate'] * 0.1)} per 0.1 of R (no interval: {why})"
+
 
 UNDEFINED_SHARE = 0.5    # the randomised-head check is "undefined" when more than this share of maps is constant
 COARSE_CELLS = 8         # a saliency layer under this many cells a side "is coarse": the reading says so

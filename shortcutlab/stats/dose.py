@@ -15,10 +15,48 @@ from .errors import StatsError
 from .factorial import factorial_rows
 from .predictions import check_predictions, need_columns
 
-__all__ = ["DOSE_COLUMNS", "dose_points", "dose_response"]
+__all__ = ["DOSE_COLUMNS", "MIN_SLOPE_SEEDS", "dose_points", "dose_response", "slope_interval_problem"]
 
 DOSE_COLUMNS = ["estimand", "estimate", "intercept", "ci_low", "ci_high", "se", "p_value", "n_points", "n_clusters",
                 "n_boot", "reason", "interval_method"]
+
+
+#: A slope's seed-bootstrap interval is stated from this many seeds (clusters) up.
+MIN_SLOPE_SEEDS = 3
+#: The narrowest spread of R over which a slope's interval is stated (the unit it is stated per).
+MIN_R_SPAN = 0.1
+#: R values closer than this count as one value (`slope_interval_problem`).
+R_RESOLUTION = 0.01
+
+
+def slope_interval_problem(r_values, seeds) -> str:
+    """Why a slope of the gap on R fitted to these points has no meaningful interval ('' when
+    it has one): fewer than `MIN_SLOPE_SEEDS` seeds; R at fewer than three distinct values (to
+    `R_RESOLUTION`); R spread over less than `MIN_R_SPAN`; or two separated clumps (a gap
+    between neighbouring R values wider than half the spread: the slope joins the clumps and
+    says nothing between them). These are the rules the report's readings state.
+
+    Args:
+        r_values: R of each point (fractions).
+        seeds: each point's seed (the bootstrap's cluster).
+    """
+    n = len(set(seeds))
+    if n < MIN_SLOPE_SEEDS:
+        return f"{n} seed{'s' if n != 1 else ''}; an interval needs {MIN_SLOPE_SEEDS}"
+    r = np.sort(np.asarray(r_values, dtype=float))
+    levels = len(np.unique(np.round(r / R_RESOLUTION)))
+    span = float(r[-1] - r[0])
+    if levels < 3:
+        return (f"R takes {levels} distinct value{'s' if levels != 1 else ''} ({r[0]:.2f} to {r[-1]:.2f}); a slope "
+                f"through fewer than 3 is a line between clumps")
+    if span < MIN_R_SPAN:
+        return (f"R spans only {span:.2f} ({r[0]:.2f} to {r[-1]:.2f}), less than the {MIN_R_SPAN:g} the slope is "
+                f"stated per, so the slope extrapolates")
+    k = int(np.argmax(np.diff(r)))
+    if r[k + 1] - r[k] > span / 2:
+        return (f"R forms two separated clumps ({r[0]:.2f} to {r[k]:.2f} and {r[k + 1]:.2f} to {r[-1]:.2f}), so "
+                f"the slope is a line between them")
+    return ""
 
 
 def dose_response(frame: pd.DataFrame, *, x: str = "R", y: str = "gap", cluster: str | Sequence[str] = "seed",

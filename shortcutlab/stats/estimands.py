@@ -44,7 +44,7 @@ import pandas as pd
 from shortcutlab.plugins import Registry
 
 from .bootstrap import DEFAULT_INTERVAL, check_interval
-from .dose import dose_points, dose_response
+from .dose import MIN_SLOPE_SEEDS, dose_points, dose_response, slope_interval_problem
 from .effects import diversity_rows, h3_rows, intervention_table, protocol_effect, recipe_rows
 from .errors import StatsError, StatsWarning
 from .factorial import factorial_bootstrap, leak_table
@@ -272,10 +272,6 @@ def protocol_phrase(row, level: float = 0.95) -> str:
     return f"{row['condition']}: {pp(row['estimate'])} ({ci_pp(row['ci_low'], row['ci_high'], level)})"
 
 
-#: A slope's seed-bootstrap interval is stated from this many seeds (clusters) up.
-MIN_SLOPE_SEEDS = 3
-
-
 def slope_phrase(row, level: float = 0.95) -> str:
     """'color: +1.2 pp per 0.1 of R (95% CI ...)': one condition's slope of the leak gap on R,
     per 0.1 of R; with fewer than `MIN_SLOPE_SEEDS` seeds no interval is stated."""
@@ -286,7 +282,8 @@ def slope_phrase(row, level: float = 0.95) -> str:
         n = row["n_clusters"]
         return f"{row['condition']}: {per} per 0.1 of R (no interval with {int(n)} seed{'s' if n != 1 else ''})"
     if is_nan(row["ci_low"]):
-        return f"{row['condition']}: {per} per 0.1 of R (no interval)"
+        why = row.get("reason")
+        return f"{row['condition']}: {per} per 0.1 of R (no interval{': ' + str(why) if isinstance(why, str) and why else ''})"
     return f"{row['condition']}: {per} per 0.1 of R ({ci_pp(row['ci_low'] * 0.1, row['ci_high'] * 0.1, level)})"
 
 
@@ -418,10 +415,11 @@ def protocol_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
 @register_estimand("slope", unit="pp per unit of R", reading=slope_phrase, section="dose_response")
 def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
     """The slope of the leak gap on R (`dose_points`, `dose_response` clustered by seed) per
-    condition, family ``dose``; only with results. With fewer than `MIN_SLOPE_SEEDS` seeds the
-    slope is stated with no interval and no p-value (a reason, a warning): resampling two
-    clusters gives at most three distinct slopes, so its interval was [x, x] and its p-value
-    entered Holm as a test."""
+    condition, family ``dose``; only with results. Where `slope_interval_problem` finds the points
+    unable to carry an interval (fewer than `MIN_SLOPE_SEEDS` seeds: resampling two clusters
+    gives at most three distinct slopes, so the interval was [x, x]; R at fewer than 3 values,
+    spread over less than 0.1 of R, or in two separated clumps) the slope is stated with no
+    interval and no p-value (the reason, a warning), so it enters no Holm family as a test."""
     if ctx.results is None:
         return None
     pts = dose_points(ctx.pred, ctx.results, intervention=ctx.baseline)
@@ -432,17 +430,20 @@ def slope_estimand(ctx: EstimandContext) -> pd.DataFrame | None:
                                   intervention=ctx.baseline, estimate=np.nan, n_boot=0,
                                   reason="no parent-probe R row for a factorial leak model")])
     dose = dose_response(pts, x="R", y="gap", cluster="seed", by=["condition"], **ctx.boot)
-    # (dose_response already gives no interval below MIN_CLUSTERS = 3 clusters; the estimand's
-    # own reason and warning name the slope)
-    few = dose["estimate"].notna() & (dose["n_clusters"] < MIN_SLOPE_SEEDS)
-    if few.any():   # resampling 2 seeds gives a slope that barely varies: no interval, and no test in Holm
-        why = [f"{int(n)} seed(s): a slope's interval needs {MIN_SLOPE_SEEDS} or more"
-               for n in dose.loc[few, "n_clusters"]]
+    # (dose_response already gives no interval below MIN_CLUSTERS = 3 clusters.) Where the points
+    # cannot carry an interval (`slope_interval_problem`: fewer than MIN_SLOPE_SEEDS seeds, R at
+    # fewer than 3 values, over less than 0.1, or in two clumps), the slope is stated with no
+    # interval and no p-value, so it enters no Holm family as a test: resampling such points gave
+    # intervals such as -1638 to +1564 pp per unit of R.
+    why = pd.Series([slope_interval_problem(pts.loc[pts["condition"] == c, "R"], pts.loc[pts["condition"] == c, "seed"])
+                     if np.isfinite(est) else "" for c, est in zip(dose["condition"], dose["estimate"])], index=dose.index)
+    few = why != ""
+    if few.any():
         dose.loc[few, ["ci_low", "ci_high", "se", "p_value"]] = np.nan
-        dose.loc[few, "reason"] = why
+        dose.loc[few, "reason"] = why[few]
         dose.loc[few, "n_boot"] = 0
-        warnings.warn(f"estimates: slope of {', '.join(map(str, dose.loc[few, 'condition']))}: {why[0]}", StatsWarning,
-                      stacklevel=4)
+        warnings.warn(f"estimates: slope of {', '.join(map(str, dose.loc[few, 'condition']))}: no interval "
+                      f"({why[few].iloc[0]})", StatsWarning, stacklevel=4)
     dose = dose.assign(arch="pooled", diversity="", intervention=ctx.baseline, family="dose",
                        n_seeds=dose["n_clusters"], n_parents=np.nan, n_crops=np.nan)
     return dose.drop(columns=["intercept", "n_points", "n_clusters"])
