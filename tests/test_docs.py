@@ -21,7 +21,7 @@ from docs_blocks import RUN_LANGS, ROOT, Block, pages
 
 PAGES = pages()
 MAX_SKIPS = 8            # skips stay rare: a block that cannot run here says why
-BLOCK_TIMEOUT_S = 300
+BLOCK_TIMEOUT_S = 600
 SUMMARY: dict[str, dict] = {}   # page -> ran, skipped (reasons), seconds; printed by conftest
 
 
@@ -41,12 +41,13 @@ def _run(block: Block, cwd: Path, env: dict) -> None:
         argv = [sys.executable, "-c", script]
     else:
         argv = ["bash", "-e", "-o", "pipefail", "-c", script]
+    where = f"{block.page} block {block.index} (line {block.line}) `{block.first_line}`"
     try:
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{block.page} block {block.index} (line {block.line}) `{block.first_line}`: "
-                    f"ran past {BLOCK_TIMEOUT_S} s")
-    where = f"{block.page} block {block.index} (line {block.line}) `{block.first_line}`"
+        done = None
+    if done is None:
+        pytest.fail(f"{where}: ran past {BLOCK_TIMEOUT_S} s", pytrace=False)
     if done.returncode != 0:
         tail = (done.stdout[-1500:] + "\n--- stderr ---\n" + done.stderr[-3000:]).strip()
         pytest.fail(f"{where}: exit {done.returncode}\n{tail}", pytrace=False)
