@@ -65,7 +65,7 @@ def _params():
 @pytest.mark.parametrize("page", list(_params()))
 def test_page_runs(page, tmp_path):
     """Each runnable block of the page exits 0, in order, in one fresh folder."""
-    for name in ("examples", "benchmarks"):
+    for name in ("examples", "benchmarks", "tests"):
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
     env = _env()
     t0 = time.perf_counter()
