@@ -86,12 +86,27 @@ def _after_install(line: str) -> str:
     return " && ".join(steps[last + 1:]) if last + 1 < len(steps) else ":"
 
 
+def _parts(body: str) -> list[str]:
+    """The directive's `;`-separated parts; a `;` inside double quotes belongs to its text."""
+    parts, cur, quoted = [], [], False
+    for ch in body:
+        if ch == '"':
+            quoted = not quoted
+        if ch == ";" and not quoted:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    return [p.strip() for p in [*parts, "".join(cur)] if p.strip()]
+
+
 def _parse_directive(body: str, where: str) -> dict:
     out: dict = {"replace": [], "skip": None, "creates": [], "page_slow": False}
-    for part in (p.strip() for p in body.split(";")):
-        if not part:
-            continue
-        words = shlex.split(part)
+    for part in _parts(body):
+        try:
+            words = shlex.split(part)
+        except ValueError as e:
+            raise DocsDirectiveError(f"{where}: docs-test directive {part!r}: {e}") from None
         verb, args = words[0], words[1:]
         if verb == "replace" and len(args) == 2:
             out["replace"].append((args[0], args[1]))
