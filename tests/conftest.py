@@ -1,6 +1,6 @@
 import os
+import sys
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import settings
@@ -55,3 +55,15 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not left_out(item)]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line for tests/test_docs.py: how many doc blocks ran, and which were skipped and why."""
+    docs = sys.modules.get("test_docs")
+    if docs is None or not docs.SUMMARY:
+        return
+    runs = docs.SUMMARY.values()
+    skipped = [f"{page} {s}" for page, r in docs.SUMMARY.items() for s in r["skipped"]]
+    terminalreporter.write_line(
+        f"docs: {sum(r['ran'] for r in runs)} blocks ran on {len(docs.SUMMARY)} pages in "
+        f"{sum(r['seconds'] for r in runs):.0f} s; {len(skipped)} skipped" + ("".join(f"\n  {s}" for s in skipped)))
