@@ -1,6 +1,6 @@
 """The GPU check: intervention throughput, one deterministic training epoch and the device tests, on CUDA.
 
-Run it whenever a CUDA GPU is at hand (issue 8, item 11) and put its summary in the README:
+Run it whenever a CUDA GPU is at hand (issue 8, item 11) and put its summary in docs/benchmarks.md:
 
     python benchmarks/gpu_check.py                 # everything (a few minutes)
     python benchmarks/gpu_check.py --quick         # fewer repeats, a smaller benchmark

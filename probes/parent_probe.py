@@ -67,7 +67,7 @@ pool synchronising on every few-millisecond product stalls on a loaded machine).
 512 features, 1,000 parents in 4 classes (``benchmarks/bench_parent_probe.py``) the full
 evaluation, 260 L-BFGS iterations, took 0.15-0.7x the wall time of one default scikit-learn
 fit per class on all crops, measured in the same run on a loaded 2-core machine, but 1.6-1.9x
-that of the same scikit-learn fits on one BLAS thread (README, Benchmarks); PCA was not used
+that of the same scikit-learn fits on one BLAS thread (docs/benchmarks.md); PCA was not used
 (it changes R when the parent code lies off the top-variance directions).
 
 **Cross-fitting a transform.** `fit` accepts ``cross_fit=fn``: ``fn(mask)`` returns features of

@@ -56,7 +56,7 @@ factorial split cells leak-high vs clean-high, ~500 training and ~205 test crops
 was 0.805 / 0.840 (leak) vs 0.702 / 0.738 (clean), +10 points; with ``none`` 0.873 / 0.854 vs
 0.883 / 0.898. At ``class_signal`` 0.5 (seed 0) with one mechanism at a time, leak minus clean
 was: color +9, background +5, noise +5, illumination +1, focus 0 points (none +2, all five
-+14); illumination and focus are weak field cues at 32 px. The validity study (README,
++14); illumination and focus are weak field cues at 32 px. The validity study (docs/validity.md,
 "Diagnostic validity": class signal 0.4, 16 seeds) gets a leak from every mechanism alone; for
 illumination only with ``illumination_shading`` 0 (one gain per field: +18 points).
 

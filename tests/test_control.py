@@ -255,7 +255,7 @@ def test_deleted_signal_stays_above_chance_only_under_the_crop_split(delete):
 @pytest.mark.parametrize("delete", ["labels", "cell"])
 def test_control_without_a_planted_signature_is_near_chance_under_both_splits(delete):
     # With the centred cell's mask alone, `cell` stayed above chance here under both splits
-    # (neighbouring cells of single-class fields carry the class; README).
+    # (neighbouring cells of single-class fields carry the class; docs/no-parent-labels.md).
     rows = _control("none", delete)
     for name in ("given", "parent"):
         r = rows[name]

@@ -212,7 +212,8 @@ def test_the_quick_demo_path_ends_in_a_report_whose_numbers_match_the_prediction
 
 @pytest.mark.slow
 def test_demo_quick_itself_shows_the_planted_leak_and_its_remover(tmp_path, capsys):
-    """The README's first command, `shortcutlab demo --quick` (16 models; 43 s on 2 cores):
+    """The README's first command, `shortcutlab demo --quick` (16 models; 1 min 24 s on 2
+    shared cores, docs/demo.md):
     the colour leak's interval excludes zero, the unseen-field Reinhard transfer's cut of it
     is above zero, and under `none` the interval holds zero."""
     from shortcutlab.cli import main

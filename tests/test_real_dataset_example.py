@@ -1,4 +1,4 @@
-"""examples/real_dataset/run.sh, the README's walk-through from a released folder to the
+"""examples/real_dataset/run.sh, docs/real-datasets.md's walk-through from a released folder to the
 report, run as a user would (the shell script and the `shortcutlab` command), checked against
 what the generator knows and a download does not: each crop's field and box, and the
 checkpoint's own classifier keys."""

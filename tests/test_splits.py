@@ -301,7 +301,7 @@ def test_factorial_reserve_keeps_unseen_fields_and_leaves_the_default_design_alo
 
     table = _crops_from_synth(synthesize(SynthConfig(seed=0, fields_per_class=100, crop_size=32, mechanisms="none"))).table
     default = factorial_split(table, seed=0, test_parent_share=0.3, diversity_contrast=1.43)
-    # The demo's factorial of seed 0 had this hash before the option existed (README runs).
+    # The demo's factorial of seed 0 had this hash before the option existed (the runs in docs/demo.md).
     assert default.hash.startswith("6a5c85d5dd0cae59")
     split = factorial_split(table, seed=0, test_parent_share=0.3, diversity_contrast=1.43, reserve_parent_share=0.2)
     used = np.zeros(table.n_parents, dtype=bool)

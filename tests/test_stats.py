@@ -188,7 +188,7 @@ def test_two_way_interval_covers_and_the_naive_one_does_not():
     """500 simulated factorials (20 seeds, 100 parents of 5 crops, the leak's logit gain varying
     by seed, sd 0.4, and parent, sd 0.6): the two-way interval must cover the population effect
     92-98% of the time; the naive crop-level interval clearly less. (The two-way bootstrap is
-    conservative where crop noise dominates: the README gives the coverage in such a design.)"""
+    conservative where crop noise dominates: docs/statistics.md gives the coverage in such a design.)"""
     design = dict(n_seeds=20, n_parents=100, crops_per_parent=5, sd_seed_effect=0.4, sd_parent_effect=0.6)
     truth = true_leak_effect(**design)
     rng = np.random.default_rng(0)

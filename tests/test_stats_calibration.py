@@ -15,7 +15,7 @@ the figures are the coverage of the 95% interval, the mean bootstrap SE over the
 SD of the estimate and, on data sets whose true effects are 0, the rejection rate at 0.05.
 `pytest -s` prints them. The default suite runs a small version (a few seconds); the full one
 (marked calibration: about 15 minutes per generator on one core, left out of the default run and
-of `-m slow`; run `python -m pytest -s -m calibration`) the numbers in README.md, "Statistics".
+of `-m slow`; run `python -m pytest -s -m calibration`) the numbers in docs/statistics.md, "Calibration".
 """
 
 from __future__ import annotations

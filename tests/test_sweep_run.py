@@ -149,7 +149,7 @@ def test_every_file_in_a_sweep_folder_is_one_its_layout_names(tiny):
         owner = next((f for f in nested if os.path.join(out, rel).startswith(f + os.sep)), None)
         assert owner is not None, f"{rel} is in the sweep folder but its layout does not name it"
         assert os.path.relpath(os.path.join(out, rel), owner).split(os.sep)[0] in nested[owner], rel
-    # the same names, by hand from the README's description of the folder
+    # the same names, by hand from docs/sweeps.md's description of the folder
     assert TaskFolder("t").benchmark_manifest == os.path.join("t", "benchmark", "manifest.csv")
     assert layout.task("score", "ab").predictions == os.path.join(out, "tasks", "score", "ab", "predictions.parquet")
     assert layout.table("results", "csv") == os.path.join(out, "results.csv")

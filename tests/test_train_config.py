@@ -40,7 +40,7 @@ HAND = {
     "precise_bn": (True, ["--precise-bn"], True),
     "device": ("cpu:0", ["--device", "cpu:0"], None),  # a sweep's top-level device
 }
-# what `litmus` and `control` retrain with (README: their training flags)
+# what `litmus` and `control` retrain with (docs/no-parent-labels.md: their training flags)
 RETRAIN = {"arch", "epochs", "batch_size", "lr", "seed", "weights", "input_size", "precise_bn", "device"}
 # settings a field needs beside it (augment_params are refused without augment)
 NEEDS = {"augment_params": "augment"}

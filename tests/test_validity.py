@@ -21,7 +21,7 @@ def test_each_planted_mechanism_is_removed_by_its_own_intervention(tmp_path):
     with open(EXAMPLE, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
     # The example's settings on three of its conditions, 4 seeds and two interventions
-    # (24 models; the full study: README "Diagnostic validity").
+    # (24 models; the full study: docs/validity.md).
     raw["data"]["synthetic"]["mechanisms"] = ["color", "background", "none"]
     raw["data"]["synthetic"]["strengths"] = {k: v for k, v in raw["data"]["synthetic"]["strengths"].items() if k in ("color", "background")}
     raw["seeds"] = [0, 1, 2, 3]

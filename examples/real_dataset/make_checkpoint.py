@@ -1,7 +1,7 @@
 """Write an ImageNet-shaped checkpoint (a 1000-class classifier) for the example, offline.
 
 A real study fine-tunes a backbone from a local ImageNet file (timm's or torchvision's, see
-README "Fine-tune a pretrained backbone"). The example cannot download one, so this writes a
+docs/train.md, "Fine-tune a pretrained backbone"). The example cannot download one, so this writes a
 randomly initialised timm model of the same shape: its 1000-class head does not fit the
 task, which is exactly what `--weights` must handle (the head is dropped and re-initialised,
 and run.json records it).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From a released folder (SIPaKMeD's layout: fields and crops, no table, no masks) and an
-# ImageNet-shaped checkpoint to the report, with the README's commands only.
+# ImageNet-shaped checkpoint to the report, with the commands of docs/real-datasets.md only.
 #   bash examples/real_dataset/run.sh STUDY_DIR
 # With your own download, skip the first step and point `table` and `locate` at it; with your
 # own ImageNet file, skip make_checkpoint.py and give its path in sweep.yaml (weights:).

@@ -11,7 +11,7 @@ Two interval methods (`INTERVAL_METHODS`; the keyword ``interval`` everywhere):
   clustering", JBES 29:238) two-way clustering, V = V_seed + V_parent - V_seed∩parent, each V
   the variance of a one-way cluster bootstrap (seeds only, parents only, (seed, parent) cells),
   with est ± t·sqrt(V) and the matching t p-value. It counts the seed x parent and crop terms
-  once; measured calibrated on two independent generators (README, "Statistics").
+  once; measured calibrated on two independent generators (docs/statistics.md, "Calibration").
 - ``"pigeonhole"``: seeds and parents resampled independently in one draw (Owen 2007, "the
   pigeonhole bootstrap"), percentile interval. It counts the seed x parent term about three
   times and is conservative (96.5-100% coverage of the leak and its cut on the test generators,

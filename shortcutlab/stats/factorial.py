@@ -155,7 +155,7 @@ def leak_effect(predictions: pd.DataFrame, *, n_boot: int = 10_000, level: float
     - ``interval="cgm"`` (default): Cameron, Gelbach & Miller (2011) two-way clustering from
       three one-way bootstraps (seeds, parents, (seed, parent) cells), V = V_seed + V_parent -
       V_cell, interval est ± t(min(seeds, parents) - 1) sqrt(V) (`cgm_summary`). Measured on
-      two generators other than `simulate_factorial` (README, "Statistics"; the tests in
+      two generators other than `simulate_factorial` (docs/statistics.md, "Calibration"; the tests in
       tests/test_stats_calibration.py): coverage within 93-97% and SE / Monte Carlo SD near 1.
     - ``interval="pigeonhole"``: seeds and parents resampled independently in one draw (Owen
       2007), percentile interval (`bootstrap_summary`). It counts the seed x parent (and crop)

@@ -10,7 +10,7 @@ rows: ``arch`` and ``diversity`` to 'pooled' where a condition has a pooled row,
 per condition (one test per benchmark).
 
 What a sweep produces by default (`default_hypotheses`; the rest needs results a sweep does
-not compute and is left to a selector of your own, see the README):
+not compute and is left to a selector of your own, see docs/statistics.md, "The paper's registered tests"):
 
 - ``H1``: the protocol effect (P1 - P2) pooled over architectures within seed, of the first
   condition (in the order of the predictions) with both protocols; ``H2``: the same for every

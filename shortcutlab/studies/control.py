@@ -43,13 +43,13 @@ Two ways to delete the signal:
   times a standard normal draw fixed per crop (`crop_noise`), so the patch has the
   background's grain too. The silhouette's size and outline are cell morphology: on the
   synthetic benchmark a grey silhouette kept the class under a parent split (0.55-0.63
-  against chance 0.33, README), so the defaults are ``fill="noise"``, ``dilate=2`` (the
+  against chance 0.33, docs/no-parent-labels.md), so the defaults are ``fill="noise"``, ``dilate=2`` (the
   anti-aliased rim of a synthetic cell lies outside its mask). The mask must cover EVERY cell
   in the crop, not only the centred one: the neighbours a crop cuts out of its field share,
   in single-class fields, the crop's class, and a mask of the centred cell alone left them
   (on the synthetic benchmark 39% of 32 px crops hold parts of other cells; the control
   scored 0.51 / 0.45 against chance 0.33 under a crop / parent split without any planted
-  signature, README). The synthetic benchmark gives such masks (`SynthData.all_cells`,
+  signature, docs/no-parent-labels.md). The synthetic benchmark gives such masks (`SynthData.all_cells`,
   manifest column ``all_cells_mask``); masks that look like one centred cell per crop
   (`centred_single_cell_share`) get a warning and a note.
 - ``delete="labels"``: labels permuted within parent (`permute_labels_within_parent`): each
