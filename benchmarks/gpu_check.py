@@ -6,7 +6,7 @@ Run it whenever a CUDA GPU is at hand (issue 8, item 11) and put its summary in 
     python benchmarks/gpu_check.py --quick         # fewer repeats, a smaller benchmark
     python benchmarks/gpu_check.py --skip-bench    # training and device tests only
 
-Three parts, each reported in one summary at the end:
+Four parts, each reported in one summary at the end:
 
 1. ``benchmarks/bench_interventions.py --sizes 64,224``: the batched interventions on the CPU
    and on the GPU at 64 and 224 px, with the per-image CPU anchors; its full table is printed
@@ -15,7 +15,11 @@ Three parts, each reported in one summary at the end:
    synth`` into a temporary folder, ``parent`` split), on CUDA with deterministic algorithms,
    PreciseBN and the parent adversary, run twice with the same seed: the two runs must give
    bit-identical logits. Reports crops/s.
-3. ``pytest -m device``: the tests marked for an accelerator (the CUDA parameter of the
+3. The Grad-CAM check (``probes.randomized_head_check``: maps, outside mass, randomised head)
+   on ``--arch`` at ``--crop-size`` over ``--gradcam-crops`` crops on CUDA, beside the maps
+   alone and a bare forward pass, with the forward pass ``forward_choice`` picked (the
+   BN-folded twin or the plain model); its maps must match captum's ``LayerGradCam`` to 1e-4.
+4. ``pytest -m device``: the tests marked for an accelerator (the CUDA parameter of the
    intervention contract, CUDA training and PreciseBN).
 
 Exit status: 0 when every part ran and passed, 1 when a part failed, 2 when no CUDA device is
@@ -126,6 +130,62 @@ def run_training(args, device: str) -> tuple[bool, list[str]]:
         return same, [line]
 
 
+def run_gradcam(args, device: str) -> tuple[bool, list[str]]:
+    """Time the whole Grad-CAM check (maps, outside mass, randomised head) on `device`, beside
+    the maps alone and a bare forward pass of the model; check the maps against captum's."""
+    import torch
+
+    from probes.saliency import forward_choice, gradcam, randomized_head_check
+    from shortcutlab.models.adapter import create_model, wrap
+
+    torch.manual_seed(0)
+    adapter = wrap(create_model(args.arch, num_classes=5)).to(device).eval()
+    n, size, b = args.gradcam_crops, args.crop_size, min(250, args.gradcam_crops)
+    x = torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
+    masks = torch.zeros(n, 1, size, size, device=device)
+    masks[..., size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = 1
+    parts = [slice(s, min(s + b, n)) for s in range(0, n, b)]
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    choice = forward_choice(adapter, x[parts[0]])
+
+    def check():
+        return [randomized_head_check(adapter, x[p], None, masks[p], seed=0) for p in parts]
+
+    def maps():
+        return torch.cat([gradcam(adapter, x[p], None) for p in parts])
+
+    def forward():
+        with torch.no_grad():
+            return [adapter.logits(x[p]) for p in parts]
+
+    rates, out = {}, {}
+    for name, fn in (("check", check), ("maps", maps), ("forward", forward)):
+        fn()  # warm-up
+        best = float("inf")
+        for _ in range(args.repeats):
+            sync()
+            t = time.perf_counter()
+            out[name] = fn()
+            sync()
+            best = min(best, time.perf_counter() - t)
+        rates[name] = n / best
+    line = (f"Grad-CAM: {args.arch}, {n} crops of {size} px on {device}, crops/s: whole check {rates['check']:,.0f}, "
+            f"maps alone {rates['maps']:,.0f}, bare forward {rates['forward']:,.0f} "
+            f"(check / forward {rates['check'] / rates['forward']:.2f}x); forward pass: {choice}")
+    try:
+        from captum.attr import LayerAttribution, LayerGradCam
+    except ImportError:
+        return True, [line + "; captum not installed, maps not compared"]
+    p = parts[0]
+    t = torch.cat([o.argmax(1) for o in out["forward"]])[p]
+    ref = LayerGradCam(adapter, adapter.cam_layer).attribute(x[p], target=t, relu_attributions=True)
+    ref = LayerAttribution.interpolate(ref, (size, size), interpolate_mode="bilinear")[:, 0].detach()
+    ours = out["check"][0].maps
+    rel = float((ours - ref).abs().max()) / max(float(ref.abs().max()), 1e-12)
+    ok = rel <= 1e-4
+    return ok, [line + f"; maps vs captum LayerGradCam: max relative difference {rel:.2g} ({'ok' if ok else 'OVER 1e-4'})"]
+
+
 def run_device_tests() -> tuple[bool, list[str]]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "device", "tests"]
     print("$ " + " ".join(cmd), flush=True)
@@ -147,13 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--crop-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="intervention benchmark repeats")
     ap.add_argument("--anchor-crops", type=int, default=64, help="crops the per-image CPU anchors loop over")
-    ap.add_argument("--quick", action="store_true", help="2 repeats, 16 anchor crops, 50 fields per class")
+    ap.add_argument("--quick", action="store_true", help="2 repeats, 16 anchor crops, 50 fields per class, 250 Grad-CAM crops")
+    ap.add_argument("--gradcam-crops", type=int, default=1000, help="crops the Grad-CAM timing runs over")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--skip-gradcam", action="store_true")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--skip-tests", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
-        args.repeats, args.anchor_crops, args.fields_per_class = 2, 16, 50
+        args.repeats, args.anchor_crops, args.fields_per_class, args.gradcam_crops = 2, 16, 50, 250
 
     reason = no_cuda_message()
     if reason:
@@ -176,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = []
     for skip, label, fn in (
         (args.skip_bench, "intervention benchmark", lambda: run_bench(args)),
+        (args.skip_gradcam, "Grad-CAM", lambda: run_gradcam(args, str(device))),
         (args.skip_train, "training", lambda: run_training(args, str(device))),
         (args.skip_tests, "device tests", run_device_tests),
     ):

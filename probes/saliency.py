@@ -89,6 +89,7 @@ import contextlib
 import copy
 import math
 import re
+import time
 import warnings
 import weakref
 from collections import Counter
@@ -114,6 +115,8 @@ __all__ = [
     "cascade_blocks",
     "constant_maps",
     "fast_path_reason",
+    "forward_choice",
+    "pick_forward",
     "gradcam",
     "outside_mass",
     "preserved_state",
@@ -330,21 +333,21 @@ def _uniform_grad_reason(adapter: ModelAdapter, gm: torch.Tensor, t: torch.Tenso
 
 
 def _cams(adapter, x, targets, path, order=None, fold=False):
-    """(raw (B, h, w) maps, targets, path, pass, reshaped activations) of one batch.
+    """(raw (B, h, w) maps, targets, path, pass, reshaped activations, forward) of one batch.
 
     'auto' takes the gradient by autograd (from the cam_layer on, so about one forward pass)
     and reports 'fast' when the value and derivative conditions hold on this batch, so that
     other linear heads can reuse the activations; 'fast' checks the values only. With `fold`,
-    the pass runs on the adapter's inference twin (`_inference_twin`) where it has one, and
-    its result is kept only if it takes the fast path; otherwise the user's model runs.
+    the pass runs on the adapter's inference twin (`_inference_twin`) where it has one and it
+    measured faster (`forward_choice`), and its result is kept only if it takes the fast path;
+    otherwise the user's model runs. `forward` says which ran: 'twin' or 'plain'.
     """
-    if fold and path != "autograd" and order is None:
-        twin = _inference_twin(adapter, x)
-        if twin is not None:
-            out = _cams_on(twin, adapter, x.contiguous(memory_format=torch.channels_last), targets, path, None, strict=False)
-            if out is not None:
-                return out
-    return _cams_on(adapter, adapter, x, targets, path, order)
+    if fold and path != "autograd" and order is None and forward_choice(adapter, x) == "twin":
+        out = _cams_on(_inference_twin(adapter, x), adapter, x.contiguous(memory_format=torch.channels_last), targets, path,
+                       None, strict=False)
+        if out is not None:
+            return (*out, "twin")
+    return (*_cams_on(adapter, adapter, x, targets, path, order), "plain")
 
 
 def _cams_on(runner, adapter, x, targets, path, order, strict=True):
@@ -457,6 +460,72 @@ def _build_twin(adapter: ModelAdapter, pairs, x: torch.Tensor) -> ModelAdapter |
         if u.shape != v.shape or float((u - v).abs().amax()) > _TWIN_TOL * max(float(v.abs().amax()), 1e-12):
             return None
     return twin
+
+
+# ------------------------------------------------- which forward pass: twin or plain
+#: (model class, device, dtype, crop shape) -> 'twin' or 'plain', timed once per process.
+_FORWARD_CHOICE: dict[tuple, str] = {}
+#: The twin is used only where its forward pass takes at most this share of the plain one's
+#: time: folding is exact up to rounding but not free to check, and on some CPUs (torch 2.14,
+#: 2 cores) the folded channels-last forward measured 11-17% slower than the plain one.
+TWIN_MARGIN = 0.9
+_PROBE_CROPS = 16
+_PROBE_REPEATS = 3
+
+
+def _wall_time(label: str, run) -> float:
+    """Seconds `run()` takes on the wall clock (CUDA work waited for). `label` is 'plain' or 'twin'."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    run()
+    sync()
+    return time.perf_counter() - t0
+
+
+def _forward_key(adapter: ModelAdapter, x: torch.Tensor) -> tuple:
+    return (type(adapter.model), str(x.device), x.dtype, tuple(x.shape[1:]))
+
+
+def pick_forward(plain_s: Sequence[float], twin_s: Sequence[float], margin: float = TWIN_MARGIN) -> str:
+    """'twin' when the best twin time is at most `margin` times the best plain time, else 'plain'."""
+    return "twin" if min(twin_s) <= margin * min(plain_s) else "plain"
+
+
+def forward_choice(adapter: ModelAdapter, x: torch.Tensor, *, timer=_wall_time, refresh: bool = False) -> str:
+    """Which forward pass the trained model's Grad-CAM runs on for batches like `x`: 'twin' or 'plain'.
+
+    'plain' where the adapter has no inference twin (training mode, no conv -> BatchNorm pair,
+    or the twin failed its check). Otherwise, the first time a (model class, device, dtype, crop
+    shape) is seen, the plain and twin forward passes (no autograd) run on up to 16 crops of `x`,
+    once untimed and `_PROBE_REPEATS` times timed, alternating; the twin is chosen only where
+    it is faster by `TWIN_MARGIN` (`pick_forward`), so the check is never slower than the
+    user's model by the twin's doing. The choice is kept for the process (``refresh=True``
+    times again).
+
+    Args:
+        adapter: a `ModelAdapter` in eval mode.
+        x: (B, 3, H, W) batch, as `gradcam` takes.
+        timer: ``timer(label, run) -> seconds`` with label 'plain' or 'twin' (tests inject one).
+        refresh: time again even where a choice is cached.
+    """
+    twin = _inference_twin(adapter, x)
+    if twin is None:
+        return "plain"
+    key = _forward_key(adapter, x)
+    if refresh or key not in _FORWARD_CHOICE:
+        xs = x[:_PROBE_CROPS]
+        xc = xs.contiguous(memory_format=torch.channels_last)
+        runs = {"plain": lambda: adapter.logits(xs), "twin": lambda: twin.logits(xc)}
+        got: dict[str, list[float]] = {"plain": [], "twin": []}
+        with torch.no_grad():
+            for run in runs.values():
+                run()  # warm-up: allocator, kernels chosen
+            for _ in range(_PROBE_REPEATS):
+                for label, run in runs.items():
+                    got[label].append(float(timer(label, run)))
+        _FORWARD_CHOICE[key] = pick_forward(got["plain"], got["twin"])
+    return _FORWARD_CHOICE[key]
 
 
 def fast_path_reason(adapter: ModelAdapter, x: torch.Tensor) -> str | None:
@@ -835,6 +904,9 @@ class HeadCheck:
             the blocks and the modules that run between them (a ConvNeXt stage's downsampling).
         cam_size: (h, w), the cells of the cam_layer's map before upsampling (a 1 x 1 map
             upsamples to a constant).
+        forward: which model the original maps' forward pass ran on: 'twin' (the BN-folded
+            inference twin, where it measured faster here: `forward_choice`) or 'plain' (the
+            user's model).
     """
 
     maps: torch.Tensor
@@ -849,6 +921,7 @@ class HeadCheck:
     seed: int
     cascade_modules: tuple[str, ...] = ()
     cam_size: tuple[int, int] | None = None
+    forward: str = "plain"
 
     @property
     def median_spearman(self) -> float:
@@ -889,7 +962,7 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
     size = tuple(x.shape[-2:])
     need_order = any(k > 0 for k in cascades)
     order: list[str] | None = [] if need_order else None
-    raw, t, used, p, a = _cams(adapter, x, targets, path, order=order, fold=True)
+    raw, t, used, p, a, forward = _cams(adapter, x, targets, path, order=order, fold=True)
     maps = _finish(raw, relu, size, upsample)
     m = None if masks is None else _check_masks(masks, int(x.shape[0]), tuple(maps.shape[-2:]))
     om = None if m is None else outside_mass(maps, m, warn=warn)
@@ -917,7 +990,7 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
                 rraw = _fast_cam(a, _linear_head(adapter).weight.detach(), t)
                 rused = "fast"
             else:
-                rraw, _, rused, _, _ = _cams(adapter, x, t, "autograd" if used == "autograd" else path)
+                rraw, _, rused, _, _, _ = _cams(adapter, x, t, "autograd" if used == "autograd" else path)
             rmaps = _finish(rraw, relu, size, upsample)
             out.append(
                 HeadCheck(
@@ -933,6 +1006,7 @@ def _head_checks_inner(adapter, x, targets, masks, seed, cascades, relu, upsampl
                     seed=seed,
                     cascade_modules=tuple(_cascade_modules(items, k)),
                     cam_size=(int(raw.shape[-2]), int(raw.shape[-1])),
+                    forward=forward,
                 )
             )
     return out
@@ -1134,7 +1208,7 @@ class GradCamDiagnostic(Diagnostic):
     def _rows(self, ctx: DiagnosticContext, got: "_Collected", parents: np.ndarray, seed: int, cascades: list[int]) -> list[dict]:
         n = got.n
         base = f"target={self.target}"
-        note = "path=" + "+".join(sorted(got.paths)) if got.paths else ""
+        note = f"path={'+'.join(sorted(got.paths))}; forward={'+'.join(sorted(got.forwards))}" if got.paths else ""
         boot = dict(n_boot=self.n_boot, seed=seed)
 
         def stat(v, kind):
@@ -1185,6 +1259,7 @@ class _Collected:
         self.rom: dict[int, list[np.ndarray]] = {k: [] for k in cascades}
         self.rconstant: dict[int, int] = {k: 0 for k in cascades}
         self.paths: set[str] = set()
+        self.forwards: set[str] = set()
         self.n = self.empty = self.no_mass = self.constant = 0
         self.cam_size: tuple[int, int] | None = None
 
@@ -1202,6 +1277,7 @@ class _Collected:
             self.rom[k].append(c.randomized_outside_mass.cpu().numpy())
             self.rconstant[k] += int(constant_maps(c.randomized_maps).sum())
             self.paths.add(c.path)
+            self.forwards.add(c.forward)
 
     @staticmethod
     def cat(parts: list[np.ndarray]) -> np.ndarray:

@@ -51,3 +51,12 @@ def test_the_training_part_runs_on_the_cpu(gpu_check):
     ok, lines = gpu_check.run_training(args, "cpu")
     assert ok and len(lines) == 1
     assert "test_resnet, 1 epoch on" in lines[0] and "same seed twice: identical logits" in lines[0]
+
+
+def test_the_gradcam_part_runs_on_the_cpu(gpu_check):
+    # the maps of the timed check must match captum's LayerGradCam (the part's own verdict)
+    args = argparse.Namespace(arch="test_resnet", crop_size=64, gradcam_crops=6, repeats=1)
+    ok, lines = gpu_check.run_gradcam(args, "cpu")
+    assert ok and len(lines) == 1
+    assert "Grad-CAM: test_resnet, 6 crops of 64 px on cpu" in lines[0] and "(ok)" in lines[0]
+    assert "forward pass: twin" in lines[0] or "forward pass: plain" in lines[0]

@@ -244,16 +244,29 @@ def random_bn(adapter, seed: int = 0) -> None:
                 m.bias.copy_(0.2 * torch.randn(n, generator=g))
 
 
-def test_folded_twin_gives_the_maps_of_the_users_model():
-    # The fast path runs on a copy with BatchNorm folded into the convs (channels-last);
-    # captum on the user's own model is the reference, before and after the statistics change.
+def fake_timer(plain: float, twin: float, calls: list | None = None):
+    """A `forward_choice` timer that runs nothing and reports fixed seconds per label."""
+    def timer(label, run):
+        if calls is not None:
+            calls.append(label)
+        return {"plain": plain, "twin": twin}[label]
+    return timer
+
+
+def test_folded_twin_gives_the_maps_of_the_users_model(monkeypatch):
+    # The fast path runs on a copy with BatchNorm folded into the convs (channels-last) where
+    # it times faster (forced here by a fake timer); captum on the user's own model is the
+    # reference, before and after the statistics change.
+    monkeypatch.setattr(saliency, "_FORWARD_CHOICE", {})
     adapter = timm_adapter("resnet18")
     random_bn(adapter, seed=1)
     before = state_copy(adapter)
     formats = {k: v.is_contiguous() for k, v in adapter.model.state_dict().items()}
     x = batch(5, 64, seed=8)
     t = torch.tensor([0, 1, 2, 3, 4])
+    assert saliency.forward_choice(adapter, x, timer=fake_timer(1.0, 0.5)) == "twin"
     close(gradcam(adapter, x, t), captum_gradcam(adapter, adapter.cam_layer, x, t), rtol=1e-4)
+    assert randomized_head_check(adapter, x, t).forward == "twin"
     twin = saliency._TWINS[adapter][1]
     assert twin is not None and not any(isinstance(m, nn.BatchNorm2d) for m in twin.model.modules())
     assert_same_state(adapter, before)
@@ -262,6 +275,47 @@ def test_folded_twin_gives_the_maps_of_the_users_model():
     random_bn(adapter, seed=2)  # in place: the twin must be rebuilt, not reused
     close(gradcam(adapter, x, t), captum_gradcam(adapter, adapter.cam_layer, x, t), rtol=1e-4)
     assert saliency._TWINS[adapter][1] is not twin
+
+
+
+def test_pick_forward_takes_the_twin_only_past_the_margin():
+    # best of each list against TWIN_MARGIN = 0.9, by hand
+    assert saliency.TWIN_MARGIN == 0.9
+    assert saliency.pick_forward([1.0, 1.2], [0.9, 2.0]) == "twin"  # 0.9 <= 0.9 * 1.0
+    assert saliency.pick_forward([1.0, 1.2], [0.91, 0.95]) == "plain"  # faster, but within the margin
+    assert saliency.pick_forward([1.0], [1.17]) == "plain"  # slower (torch 2.14 on 2 cores)
+    assert saliency.pick_forward([2.0, 1.0], [0.8], margin=0.7) == "plain"  # 0.8 > 0.7 * 1.0
+
+
+def test_forward_choice_times_once_per_model_and_shape_and_the_plain_path_gives_captums_maps(monkeypatch):
+    monkeypatch.setattr(saliency, "_FORWARD_CHOICE", {})
+    adapter = timm_adapter("resnet18")
+    random_bn(adapter, seed=3)
+    x = batch(4, 64, seed=9)
+    t = torch.tensor([0, 1, 2, 3])
+    calls: list[str] = []
+    assert saliency.forward_choice(adapter, x, timer=fake_timer(1.0, 1.15, calls)) == "plain"
+    assert calls == ["plain", "twin"] * 3  # alternating, three timed repeats each
+    # cached per (model class, device, dtype, crop shape): another batch size is not re-timed
+    assert saliency.forward_choice(adapter, x[:2], timer=fake_timer(1.0, 0.1, calls)) == "plain"
+    assert len(calls) == 6
+    # the check records the plain forward and its maps are still captum's
+    check = randomized_head_check(adapter, x, t)
+    assert check.forward == "plain" and check.path == "fast"
+    close(check.maps, captum_gradcam(adapter, adapter.cam_layer, x, t), rtol=1e-4)
+    # another crop size is timed afresh; refresh=True times again
+    assert saliency.forward_choice(adapter, batch(2, 32), timer=fake_timer(1.0, 0.5)) == "twin"
+    assert saliency.forward_choice(adapter, x, timer=fake_timer(1.0, 0.5), refresh=True) == "twin"
+    assert randomized_head_check(adapter, x, t).forward == "twin"
+
+
+def test_forward_choice_is_plain_without_a_twin():
+    # TinyNet has no BatchNorm: nothing to fold, nothing is timed
+    calls: list[str] = []
+    adapter = tiny()
+    x = batch(3, 32)
+    assert saliency.forward_choice(adapter, x, timer=fake_timer(1.0, 0.1, calls)) == "plain" and calls == []
+    assert randomized_head_check(adapter, x).forward == "plain"
 
 
 class ConvBnReuse(nn.Module):
@@ -637,6 +691,9 @@ def test_gradcam_diagnostic_rows():
     with pytest.warns(RuntimeWarning, match="no cell pixel"):
         labelled = probes.get("gradcam", target="label", cascade=0, n_boot=0).run(ctx)
     assert {r["setting"] for r in labelled} >= {"target=label", "target=label,cascade=0"}
+    # the note says which path and which forward pass ran (no BatchNorm here: no twin, 'plain')
+    assert all(r["note"].endswith("; forward=plain") for r in labelled if r["metric"] == "outside_mass")
+    assert om["note"].startswith("path=") and om["note"].endswith("; forward=plain")
     assert all(math.isnan(r["ci_low"]) for r in labelled)
 
 
