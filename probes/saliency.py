@@ -32,15 +32,19 @@ Two ways to the same map:
   heads reuse the activations, and where it does not, they get their own forward and
   backward passes. ``path="fast"`` checks the values only and skips the backward pass.
 
-On both, the forward pass of the trained model's maps runs, in eval mode, on an **inference
+On both, the forward pass of the trained model's maps may run, in eval mode, on an **inference
 twin** (`_inference_twin`): a copy in which every ``Conv2d`` registered right before a
 ``BatchNorm2d`` is folded with it into one conv (exact in real arithmetic) with a
 channels-last weight, and the input is channels-last; all other modules share the user's
 tensors, and the user's model is never modified. It is checked when built (each BN's input is
 its conv's output; activations and logits match the user's model to 1e-4 of their maximum on
-up to 16 crops), rebuilt when a folded tensor changes, and used only where the fast path then
-holds; otherwise the user's model runs. On resnet18 at 64 px it makes the forward pass about
-1.2x faster; maps agree with the unfolded model to about 1e-6 (relative to their maximum).
+up to 16 crops), rebuilt when a folded tensor changes, and used only where it measured faster
+on this machine (`forward_choice`: plain and twin forward passes timed once per model class,
+device, dtype and crop shape; the twin must take at most `TWIN_MARGIN` of the plain time) and
+the fast path then holds; otherwise the user's model runs. Whether it wins depends on the
+machine: on resnet18 at 64 px with torch 2.14 on 2 shared CPU cores it measured 1.5x faster
+in one run and 11-17% slower in another (docs/benchmarks.md). `HeadCheck.forward` and the diagnostic's note say
+which ran. Maps agree with the unfolded model to about 1e-6 (relative to their maximum).
 
 **Outside mass** (`outside_mass`): per crop, the positive attribution outside the cell over
 all positive attribution, sum(max(M, 0) (1 - m)) / sum(max(M, 0)), with m the cell mask (1 on
