@@ -346,7 +346,7 @@ def _cams(adapter, x, targets, path, order=None, fold=False):
     measured faster (`forward_choice`), and its result is kept only if it takes the fast path;
     otherwise the user's model runs. `forward` says which ran: 'twin' or 'plain'.
     """
-    if fold and path != "autograd" and order is None and forward_choice(adapter, x) == "twin":
+    if fold and path != "autograd" and order is None and _forward_choice(adapter, x) == "twin":
         out = _cams_on(_inference_twin(adapter, x), adapter, x.contiguous(memory_format=torch.channels_last), targets, path,
                        None, strict=False)
         if out is not None:
@@ -512,7 +512,18 @@ def forward_choice(adapter: ModelAdapter, x: torch.Tensor, *, timer=_wall_time, 
         x: (B, 3, H, W) batch, as `gradcam` takes.
         timer: ``timer(label, run) -> seconds`` with label 'plain' or 'twin' (tests inject one).
         refresh: time again even where a choice is cached.
+
+    Raises:
+        DiagnosticError: not a `ModelAdapter` with a cam_layer, or an empty batch.
+        InputError: x is not a batch the model takes.
     """
+    adapter = _check_adapter(adapter)
+    _check_batch(adapter, x, "forward_choice")
+    return _forward_choice(adapter, x, timer, refresh)
+
+
+def _forward_choice(adapter: ModelAdapter, x: torch.Tensor, timer=_wall_time, refresh: bool = False) -> str:
+    """`forward_choice` without the input checks (a batch `_cams` has already checked)."""
     twin = _inference_twin(adapter, x)
     if twin is None:
         return "plain"

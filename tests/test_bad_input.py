@@ -3530,3 +3530,17 @@ def test_i24q_sweep_config_threads_must_be_an_integer(tmp_path) -> None:
 
     check(Case("i24q-config-threads-float", lambda p: load_config(_sweep_config(p, _SWEEP_YAML + "threads: 2.5\n")),
                SweepConfigError, ("threads", "positive integer", "2.5")), tmp_path)
+# --- I25-GRADCAM (issue 25, item 4: the timed choice of Grad-CAM's forward pass) -------------------
+
+
+def test_i25g_forward_choice_needs_an_adapter_and_a_batch() -> None:
+    import torch
+
+    from probes.saliency import forward_choice
+    from shortcutlab.models.adapter import create_model, wrap
+
+    with pytest.raises(DiagnosticError, match="needs a shortcutlab ModelAdapter.*got Linear"):
+        forward_choice(torch.nn.Linear(2, 2), torch.rand(1, 3, 8, 8))
+    adapter = wrap(create_model("test_resnet", num_classes=3)).eval()
+    with pytest.raises(DiagnosticError, match=r"forward_choice needs at least one crop; got a batch of shape \(0, 3, 32, 32\)"):
+        forward_choice(adapter, torch.rand(0, 3, 32, 32))
