@@ -205,3 +205,23 @@ def test_a_parquet_table_with_nulls_or_empty_text_names_the_rows(tmp_path):
     df.assign(label="x").to_parquet(tmp_path / "u.parquet")
     with pytest.raises(TableError, match=r"column 'parent' is empty or NaN in row 2 \(id 'c'\)"):
         CropTable.from_parquet(tmp_path / "u.parquet", id="id")
+
+
+@pytest.mark.parametrize("text", [
+    "\ufeffid,label,parent\n1,a,p\n2,NA,q\n",                   # byte-order mark; 'NA' is a label
+    'id,label,parent\r\n"1","a, b",p\r\n2,"x""y",q\r\n',        # CRLF, quotes, escaped quote
+    "id,label,parent\n1,a,p\n\n2,b,q\n",                        # blank line
+    "id,label,parent,label\n1,a,p,z\n2,b,q,z\n",                # repeated column name (pandas' reader)
+    "id,label,parent,x\n1,a,p\n2,b,q,3\n",                      # short row (pandas' reader)
+    "id,label,parent\n007,a,1\n10,b,2.0\n1e3,c,3\n",            # numbers kept as written
+    "id,label,parent\n1,NaN,p\n2,null,q\n",                     # only empty cells are missing
+], ids=["bom", "crlf-quoted", "blank-line", "repeated-column", "short-row", "numeric-text", "nan-words"])
+def test_arrow_csv_reading_matches_pandas_reader(tmp_path, text):
+    """`from_csv` (Arrow's reader, or pandas' where Arrow reads otherwise) gives the text pandas'
+    reader gives with dtype=str and only empty cells missing, the documented reading."""
+    path = tmp_path / "t.csv"
+    path.write_bytes(text.encode("utf-8"))
+    ref = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]).sort_values("id")
+    t = CropTable.from_csv(path, id="id")
+    for col in ("id", "label", "parent"):
+        assert list(t.frame[col]) == list(ref[col]), col
