@@ -160,7 +160,7 @@ class CropTable:
             out.update(_boxes_from_centers(df, center_cols, size_col, crop_size))
 
         # `.array` keeps Arrow strings as they are (no Python object per value) and drops the index.
-        frame = pd.DataFrame({k: v.array if isinstance(v, pd.Series) else np.asarray(v) for k, v in out.items()})
+        frame = pd.DataFrame({k: v.array if isinstance(v, pd.Series) else np.asarray(v) for k, v in out.items()}, copy=False)
         return cls(frame, source=source)
 
     @classmethod
