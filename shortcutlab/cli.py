@@ -16,7 +16,7 @@ from shortcutlab.io import claim_output_files, read_json_object, register_output
 
 
 def _add_table_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("table", help="CSV file, one row per crop")
+    p.add_argument("table", help="CSV or Parquet (.parquet) file, one row per crop")
     g = p.add_argument_group("table columns")
     g.add_argument("--parent", required=True, help="acquisition-parent column (field, slide image, ...)")
     g.add_argument("--label", required=True, help="class column")
@@ -33,7 +33,8 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
 def _load_table(args):
     from shortcutlab.data.table import CropTable
 
-    return CropTable.from_csv(
+    read = CropTable.from_parquet if str(args.table).lower().endswith((".parquet", ".pq")) else CropTable.from_csv
+    return read(
         args.table,
         id=args.id,
         label=args.label,

@@ -188,3 +188,24 @@ def test_card_quotes_cell_names_and_warnings_as_typed():
     warning = [line for line in card.splitlines() if "one class" in line]
     assert warning == ["- the table holds one class ('&lt;b&gt;x&lt;/b&gt;'): there is nothing for a classifier to tell apart, "
                        "so class shares and any accuracy on this table are degenerate"]
+
+
+def test_assigned_mask_is_set_membership_on_a_table_with_unassigned_crops():
+    """`assigned_mask` (Arrow is_in) against a Python set, and the audit's count of unassigned
+    crops against the hand count, on a split that drops every third crop of the manifest."""
+    import warnings
+
+    from shortcutlab.data.audit import assigned_mask
+
+    t = table_from(random_table(40, 4.0, n_classes=2, seed=5))
+    m = parent_split(t, 0.3, seed=0)
+    kept = m.assignments.iloc[[i for i in range(len(m.assignments)) if i % 3]].reset_index(drop=True)
+    assigned = set(kept["id"])
+    expected = np.array([i in assigned for i in t.ids])
+    np.testing.assert_array_equal(assigned_mask(t.frame["id"], kept["id"]), expected)
+    assert 0 < (~expected).sum() < len(expected)
+    dropped = SplitManifest(kept, m.protocol, m.params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = audit(t, 0.3, split=dropped)
+    assert result["split"]["n_unassigned"] == int((~expected).sum())

@@ -3544,3 +3544,43 @@ def test_i25g_forward_choice_needs_an_adapter_and_a_batch() -> None:
     adapter = wrap(create_model("test_resnet", num_classes=3)).eval()
     with pytest.raises(DiagnosticError, match=r"forward_choice needs at least one crop; got a batch of shape \(0, 3, 32, 32\)"):
         forward_choice(adapter, torch.rand(0, 3, 32, 32))
+# --- I25-LOADING (issue 25, item 1: tables read through Arrow, Parquet tables) ------------------
+
+
+def _i25_parquet(p, df, name="t.parquet"):
+    path = p / name
+    df.to_parquet(path, index=False)
+    return path
+
+
+I25L_CASES = [
+    Case("i25l-parquet-missing", lambda p: CropTable.from_parquet(p / "none.parquet", id="id"),
+         TableError, ("none.parquet", "does not exist")),
+    Case("i25l-parquet-not-parquet", lambda p: (p.joinpath("t.parquet").write_text("id,label,parent\n1,a,p\n"),
+                                                CropTable.from_parquet(p / "t.parquet", id="id")),
+         TableError, ("t.parquet", "not a readable Parquet file")),
+    Case("i25l-parquet-null-label",
+         lambda p: CropTable.from_parquet(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b"], "label": ["x", None], "parent": "p"})), id="id"),
+         TableError, ("'label'", "row 1", "'b'")),
+    Case("i25l-parquet-duplicate-id",
+         lambda p: CropTable.from_parquet(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b", " a"], "label": "x", "parent": "p"})), id="id"),
+         TableError, ("unique", "'a'", "rows 0, 2")),
+    Case("i25l-parquet-missing-column",
+         lambda p: CropTable.from_parquet(_i25_parquet(p, _pd.DataFrame({"id": ["a"], "label": "x", "parent": "p"})), id="id", group="pt"),
+         TableError, ("group column 'pt'", "t.parquet", "id, label, parent")),
+    Case("i25l-parquet-bad-box",
+         lambda p: CropTable.from_parquet(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": "p", "x": [0.0, float("nan")],
+                                                                          "y": 0.0, "w": 5.0, "h": 5.0})), id="id", box="x,y,w,h"),
+         TableError, ("'x'", "row 1")),
+]
+
+
+@pytest.mark.parametrize("case", I25L_CASES, ids=[c.id for c in I25L_CASES])
+def test_i25l_loading_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i25l_audit_of_a_bad_parquet_table_is_one_cli_line(tmp_path, capsys) -> None:
+    path = _i25_parquet(tmp_path, _pd.DataFrame({"id": ["a", "b"], "label": ["x", ""], "parent": "p"}))
+    line = cli_error(["audit", str(path), "--id", "id", "--label", "label", "--parent", "parent", "--test-fraction", "0.2"], capsys)
+    assert line.startswith("shortcutlab audit: error: ") and "column 'label' is empty or NaN in row 1 (id 'b')" in line

@@ -188,3 +188,23 @@ def test_a_closed_output_pipe_is_not_reported_as_an_error(tmp_path, capsys, monk
     monkeypatch.setattr("sys.stdout", ClosedPipe())  # `shortcutlab audit ... | head -0`
     assert main(["audit", str(tmp_path / "t.csv"), "--parent", "parent", "--label", "label"]) == 1
     assert capsys.readouterr().err == ""
+
+
+def test_a_parquet_table_splits_and_audits_as_its_csv(tmp_path, capsys):
+    """CRIC written as Parquet: `split` gives the manifest hash of the CSV table, and `audit`
+    the same figures."""
+    import pandas as pd
+
+    pq = tmp_path / "cric.parquet"
+    pd.read_csv(CRIC).to_parquet(pq)
+    args = {"csv": CRIC_ARGS, "parquet": [str(pq), *CRIC_ARGS[1:]]}
+    digests, audits = {}, {}
+    for kind, table_args in args.items():
+        assert main(["split", *table_args, *GEOMETRY, "--protocol", "parent", "--seed", "1", "--out", str(tmp_path / f"{kind}.csv")]) == 0
+        digests[kind] = capsys.readouterr().out.strip().splitlines()[-1].split()[-1]
+        assert main(["audit", *table_args, *GEOMETRY, "--json", str(tmp_path / f"{kind}.json")]) == 0
+        audits[kind] = json.loads((tmp_path / f"{kind}.json").read_text())
+    assert digests["csv"] == digests["parquet"] and len(digests["csv"]) == 64
+    assert audits["csv"]["n_crops"] == audits["parquet"]["n_crops"] == 11534
+    for key in ("sibling_share", "exposure", "diversity_ratio", "pixel_overlap"):
+        assert audits["csv"][key] == audits["parquet"][key], key

@@ -162,3 +162,66 @@ def test_a_folder_or_a_malformed_csv_is_refused_with_the_file_named(tmp_path):
     (tmp_path / "t.csv").write_text("id,label,parent\n1,a,p\n2,b,p,extra\n")
     with pytest.raises(TableError, match=r"t\.csv' is not a readable CSV file: Expected 3 fields in line 3, saw 4"):
         CropTable.from_csv(tmp_path / "t.csv", id="id")
+
+
+def test_parquet_and_csv_of_one_table_load_the_same(tmp_path):
+    """The same table written as CSV and as Parquet (with a patient column, boxes, integer
+    parents and whitespace around names) gives identical ids, labels, parents, groups and boxes;
+    checked against the frame itself, sorted by Python's `sorted`."""
+    from shortcutlab.data.random_tables import random_table
+
+    df = random_table(60, 4.0, n_classes=3, mixed=True, parents_per_group=5, seed=3)
+    df["parent"] = [int(p[1:]) for p in df["parent"]]  # integer parents, as in many releases
+    df["label"] = [lab + " " if i % 7 == 0 else lab for i, lab in enumerate(df["label"])]
+    df = df.sample(frac=1.0, random_state=1).reset_index(drop=True)
+    group = next(c for c in df.columns if c not in ("id", "label", "parent", "x", "y", "w", "h"))
+    df.to_csv(tmp_path / "t.csv", index=False)
+    df.to_parquet(tmp_path / "t.parquet", index=False)
+    kw = dict(id="id", label="label", parent="parent", group=group, box="x,y,w,h")
+    a = CropTable.from_csv(tmp_path / "t.csv", **kw)
+    b = CropTable.from_parquet(tmp_path / "t.parquet", **kw)
+    order = sorted(range(len(df)), key=lambda i: df["id"][i])
+    assert list(a.ids) == list(b.ids) == [df["id"][i] for i in order]
+    assert list(b.frame["label"]) == [df["label"][i].strip() for i in order] == list(a.frame["label"])
+    assert list(b.frame["parent"]) == [str(df["parent"][i]) for i in order] == list(a.frame["parent"])
+    assert list(b.frame["group"]) == list(a.frame["group"]) == [str(df[group][i]) for i in order]
+    np.testing.assert_array_equal(b.boxes, df[["x", "y", "w", "h"]].to_numpy(dtype=float)[order])
+    np.testing.assert_array_equal(a.boxes, b.boxes)
+    assert a.classes == b.classes and list(a.parents) == list(b.parents)
+
+
+def test_ids_are_sorted_as_python_sorts_str():
+    """Ids sort by code point, as `sorted` does (the Arrow sort must agree), non-ASCII included."""
+    ids = ["b", "a", "\u00e9", "Z", "a/10", "a/9", "\u4e2d", "aa", "10", "9"]
+    df = pd.DataFrame({"id": ids, "label": "x", "parent": "p"})
+    assert list(CropTable.from_frame(df, id="id").ids) == sorted(ids)
+
+
+def test_a_parquet_table_with_nulls_or_empty_text_names_the_rows(tmp_path):
+    df = pd.DataFrame({"id": ["a", "b", "c"], "label": ["x", None, "y"], "parent": ["p", "p", ""]})
+    df.to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(TableError, match=r"column 'label' is empty or NaN in row 1 \(id 'b'\)"):
+        CropTable.from_parquet(tmp_path / "t.parquet", id="id")
+    df.assign(label="x").to_parquet(tmp_path / "u.parquet")
+    with pytest.raises(TableError, match=r"column 'parent' is empty or NaN in row 2 \(id 'c'\)"):
+        CropTable.from_parquet(tmp_path / "u.parquet", id="id")
+
+
+@pytest.mark.parametrize("text", [
+    "\ufeffid,label,parent\n1,a,p\n2,NA,q\n",                   # byte-order mark; 'NA' is a label
+    'id,label,parent\r\n"1","a, b",p\r\n2,"x""y",q\r\n',        # CRLF, quotes, escaped quote
+    "id,label,parent\n1,a,p\n\n2,b,q\n",                        # blank line
+    "id,label,parent,label\n1,a,p,z\n2,b,q,z\n",                # repeated column name (pandas' reader)
+    "id,label,parent,x\n1,a,p\n2,b,q,3\n",                      # short row (pandas' reader)
+    "id,label,parent\n007,a,1\n10,b,2.0\n1e3,c,3\n",            # numbers kept as written
+    "id,label,parent\n1,NaN,p\n2,null,q\n",                     # only empty cells are missing
+], ids=["bom", "crlf-quoted", "blank-line", "repeated-column", "short-row", "numeric-text", "nan-words"])
+def test_arrow_csv_reading_matches_pandas_reader(tmp_path, text):
+    """`from_csv` (Arrow's reader, or pandas' where Arrow reads otherwise) gives the text pandas'
+    reader gives with dtype=str and only empty cells missing, the documented reading."""
+    path = tmp_path / "t.csv"
+    path.write_bytes(text.encode("utf-8"))
+    ref = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]).sort_values("id")
+    t = CropTable.from_csv(path, id="id")
+    for col in ("id", "label", "parent"):
+        assert list(t.frame[col]) == list(ref[col]), col

@@ -239,15 +239,32 @@ def audit(
     return result
 
 
+def assigned_mask(ids: pd.Series, assigned: pd.Series) -> np.ndarray:
+    """(N,) bool: which of `ids` appear among `assigned` (both compared as strings).
+
+    Set membership in Arrow (`pyarrow.compute.is_in`): ``pd.Index.isin`` on an object array
+    builds a Python (on pandas 3, a pyarrow scalar) object per value, 12x slower at 1M crops.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def arrow(values: pd.Series) -> pa.Array:
+        text = values.astype(str)
+        arr = pa.array(text.to_numpy(dtype=object) if text.dtype == object else text.array)
+        return arr.cast(pa.large_string())
+
+    return pc.is_in(arrow(ids), value_set=arrow(assigned)).to_numpy(zero_copy_only=False)
+
+
 def _split_record(table: CropTable, split: SplitManifest) -> dict:
     """The audit's ``split`` entry (protocol, params, hash, crops in no row of the manifest);
     warns (at the audit's caller) when a manifest other than a factorial leaves crops out."""
-    in_manifest = pd.Index(table.ids).isin(split.assignments["id"].to_numpy(dtype=object))
+    in_manifest = assigned_mask(table.frame["id"], split.assignments["id"])
     n_unassigned = int((~in_manifest).sum())
     if n_unassigned and split.protocol != "factorial":
         warnings.warn(
             f"the split leaves {n_unassigned} of the table's {table.n_crops} crops unassigned (in no row of the "
-            f"manifest), e.g. {[str(i) for i in table.ids[~in_manifest][:3]]}; were they dropped on purpose?",
+            f"manifest), e.g. {[str(i) for i in table.frame['id'][~in_manifest].head(3)]}; were they dropped on purpose?",
             UserWarning,
             stacklevel=3,
         )
