@@ -225,3 +225,100 @@ def test_arrow_csv_reading_matches_pandas_reader(tmp_path, text):
     t = CropTable.from_csv(path, id="id")
     for col in ("id", "label", "parent"):
         assert list(t.frame[col]) == list(ref[col]), col
+
+
+def _odd_table(n: int = 300, seed: int = 0) -> pd.DataFrame:
+    """Crops whose names carry surrounding spaces, tabs, no-break spaces and non-ASCII text,
+    with patients, paths (kept as written), hashes, centers, sizes and boxes."""
+    rng = np.random.default_rng(seed)
+    parent = rng.integers(0, 40, size=n)
+    pad = np.array(["", " ", "\t", "\u00a0", "  "])
+    name = lambda stem, v: [pad[i % 5] + f"{stem}{x}" + pad[(i * 3) % 5] for i, x in enumerate(v)]  # noqa: E731
+    return pd.DataFrame({
+        "slide": name("s\u00e9", parent), "cell": rng.permutation(n), "label": name("k", rng.integers(0, 3, n)),
+        "parent": name("p", parent), "patient": name("pt", parent // 4),
+        "image": [f" img/{i}.png" for i in range(n)], "mask": [f"m/{i}.png " for i in range(n)],
+        "phash": [f"{x:016x} " for x in rng.integers(0, 2**62, size=n)],
+        "x": rng.integers(0, 900, n), "y": rng.uniform(-5, 700, n), "w": 64, "h": rng.integers(1, 99, n) + 0.5,
+        "cx": rng.uniform(0, 1000, n), "cy": rng.integers(0, 1000, n), "size": rng.integers(8, 90, n),
+    }).sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+FAST_PATH_KEYWORDS = {
+    "box-group-paths": dict(id="slide,cell", group="patient", image="image", mask="mask", phash="phash", box="x,y,w,h"),
+    "center-size-number": dict(id=["cell"], center="cx,cy", crop_size="48"),
+    "center-size-column": dict(id="cell", center="cx,cy", crop_size="size"),
+    "row-number-ids": dict(label="label", parent="parent", box="x,y,w,h"),
+}
+
+
+@pytest.mark.parametrize("kw", FAST_PATH_KEYWORDS.values(), ids=FAST_PATH_KEYWORDS.keys())
+def test_batched_arrow_reading_gives_the_frame_path_table(tmp_path, kw, monkeypatch):
+    """`from_csv` and `from_parquet` (Arrow batches, converted and checked one at a time, here
+    of about 2 kB so the table spans many) build exactly the table that `from_frame` builds
+    from pandas' own reading of the file: same columns, dtypes, order and values."""
+    import shortcutlab.data.table as table
+
+    monkeypatch.setattr(table, "_BLOCK_BYTES", 2048)
+    df = _odd_table()
+    df.to_csv(tmp_path / "t.csv", index=False)
+    df.to_parquet(tmp_path / "t.parquet", index=False)
+    text = ["slide", "label", "parent", "patient", "image", "mask", "phash"]
+    ref = CropTable.from_frame(pd.read_csv(tmp_path / "t.csv", dtype={c: str for c in text}, keep_default_na=False,
+                                           na_values=[""]), **kw).frame
+    roles = table._Roles.of(**kw)
+    assert table._canonical_frame(table._csv_batches(str(tmp_path / "t.csv"), roles), roles) is not None
+    pd.testing.assert_frame_equal(CropTable.from_csv(tmp_path / "t.csv", **kw).frame, ref, check_exact=True)
+    if "cell" not in kw.get("id", []):  # Parquet keeps 'cell' an integer column: the frame path reads it
+        assert table._canonical_frame(table._parquet_batches(str(tmp_path / "t.parquet"), roles), roles) is not None
+        pd.testing.assert_frame_equal(CropTable.from_parquet(tmp_path / "t.parquet", **kw).frame, ref, check_exact=True)
+    assert ref["label"].str.len().max() == 2  # 'k0', 'k1', 'k2': spaces, tabs, no-break spaces gone
+    if "image" in ref:
+        assert ref["image"].str.startswith(" ").all()  # paths kept as written
+
+
+def test_parquet_and_csv_with_text_names_load_the_same_table(tmp_path):
+    """A table with stripped whitespace, patients and boxes, all names text (so both files take
+    the batched Arrow path): the CSV and the Parquet file give identical frames."""
+    df = _odd_table(seed=2).drop(columns=["cell"])
+    df["id"] = [f" c{i:04d}" for i in range(len(df))]
+    df.to_csv(tmp_path / "t.csv", index=False)
+    df.to_parquet(tmp_path / "t.parquet", index=False)
+    kw = dict(id="id", group="patient", box="x,y,w,h")
+    a = CropTable.from_csv(tmp_path / "t.csv", **kw)
+    b = CropTable.from_parquet(tmp_path / "t.parquet", **kw)
+    pd.testing.assert_frame_equal(a.frame, b.frame, check_exact=True)
+    assert list(a.ids) == sorted(s.strip() for s in df["id"])
+    assert set(a.frame["parent"]) == {s.strip() for s in df["parent"]} and a.n_groups == 10
+
+
+BAD_LATE_ROWS = {
+    "empty-label": ("label", "", r"column 'label' is empty or NaN in row 250 \(id '"),
+    "blank-parent": ("parent", " \t", r"column 'parent' is empty or NaN in row 250 \(id '"),
+    "repeated-id": ("id", "c0000", r"id 'c0000' and others repeat in rows 0, 250"),
+    "nan-box": ("x", "nan", r"box column 'x' must hold finite numbers; row 250 hold '?nan"),
+    "zero-width": ("w", "0", r"'w' is <= 0 in row 250 \(id 'c0250'\)"),
+    "word-in-box": ("y", "ten", r"box column 'y' must hold finite numbers; row 250 hold 'ten'"),
+    "second-patient": ("patient", "elsewhere", r"parent .* has crops in 2 different groups"),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_LATE_ROWS.values(), ids=BAD_LATE_ROWS.keys())
+def test_a_bad_value_in_a_late_batch_is_named_by_its_file_row(tmp_path, bad, monkeypatch):
+    """A bad value in the 251st row (in a later Arrow batch of ~2 kB) is refused with the
+    file's row number, as `from_frame` names it from pandas' reading."""
+    import shortcutlab.data.table as table
+
+    monkeypatch.setattr(table, "_BLOCK_BYTES", 2048)
+    column, value, message = bad
+    df = pd.DataFrame({"id": [f"c{i:04d}" for i in range(400)], "label": "a", "parent": [f"p{i // 10}" for i in range(400)],
+                       "patient": [f"pt{i // 40}" for i in range(400)], "x": 1.0, "y": 2.0, "w": 3.0, "h": 4.0})
+    df = df.astype({column: object})
+    df.loc[250, column] = value
+    df.to_csv(tmp_path / "t.csv", index=False)
+    kw = dict(id="id", group="patient", box="x,y,w,h")
+    with pytest.raises(TableError, match=message):
+        CropTable.from_csv(tmp_path / "t.csv", **kw)
+    with pytest.raises(TableError, match=message):
+        CropTable.from_frame(pd.read_csv(tmp_path / "t.csv", dtype={"id": str, "label": str, "parent": str, "patient": str},
+                                         keep_default_na=False, na_values=[""]), **kw)
