@@ -546,7 +546,8 @@ def _parquet_batches(path: str, roles: _Roles):
     names = data.schema.names
     if len(set(names)) != len(names) or not set(text + numbers) <= set(names):
         return
-    yield from data.to_batches(columns=text + numbers, batch_size=1 << 20)
+    # One batch read ahead, not 16: the read-ahead batches are memory the table does not need.
+    yield from data.to_batches(columns=text + numbers, batch_size=1 << 20, batch_readahead=1, fragment_readahead=1)
 
 
 def _canonical_frame(batches, roles: _Roles) -> pd.DataFrame | None:
@@ -557,6 +558,7 @@ def _canonical_frame(batches, roles: _Roles) -> pd.DataFrame | None:
 
     parts: dict[str, list] = {}
     n = 0
+    pool = pa.default_memory_pool()
     try:
         for batch in batches:
             columns = _canonical_batch(batch, roles, n)
@@ -565,9 +567,10 @@ def _canonical_frame(batches, roles: _Roles) -> pd.DataFrame | None:
             for key, values in columns.items():
                 parts.setdefault(key, []).append(values)
             n += batch.num_rows
+            del batch
+            pool.release_unused()  # the raw batch's pages back to the system, not kept for reuse
     except (pa.ArrowException, OSError):
         return None
-    pa.default_memory_pool().release_unused()  # the file's raw batches, freed but kept for reuse
     return _sorted_frame(parts) if n else None
 
 
@@ -621,6 +624,20 @@ def _batch_geometry(batch, roles: _Roles) -> dict[str, np.ndarray] | None:
     return geo if (geo["w"] > 0).all() and (geo["h"] > 0).all() else None
 
 
+def _one_group_per_parent(parent: list, group: list) -> bool:
+    """Whether every parent's crops lie in one group (`parent`, `group`: Arrow text chunks).
+    Each parent remembers one of its groups; every crop must then agree with it. (Arrow's
+    group-by with a distinct count takes 10x longer on 500,000 parents.)"""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    p = pc.dictionary_encode(pa.chunked_array(parent).combine_chunks()).indices.to_numpy()
+    g = pc.dictionary_encode(pa.chunked_array(group).combine_chunks()).indices.to_numpy()
+    seen = np.empty(int(p.max()) + 1, dtype=g.dtype)
+    seen[p] = g
+    return bool((seen[p] == g).all())
+
+
 def _arrow_text(values):
     """Arrow text as large strings (pandas' own type); None for anything that is not text."""
     import pyarrow as pa
@@ -657,11 +674,8 @@ def _sorted_frame(parts: dict[str, list]) -> pd.DataFrame | None:
     pool.release_unused()  # the unsorted ids' pages back to the system, not kept for reuse
     if len(ids) > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1))).as_py():
         return None
-    if "group" in parts:
-        pairs = pa.table({"parent": pa.chunked_array(parts["parent"]), "group": pa.chunked_array(parts["group"])})
-        per_parent = pairs.group_by("parent").aggregate([("group", "count_distinct")])
-        if pc.max(per_parent.column("group_count_distinct")).as_py() > 1:
-            return None
+    if "group" in parts and not _one_group_per_parent(parts["parent"], parts["group"]):
+        return None
     frame = {"id": pd.array(ids, dtype=_text_dtype())}
     del ids
     rows = order.to_numpy()
