@@ -639,13 +639,15 @@ def _one_group_per_parent(parent: list, group: list) -> bool:
 
 
 def _arrow_text(values):
-    """Arrow text as large strings (pandas' own type); None for anything that is not text."""
+    """Arrow text as large strings (pandas' own type), integers written in decimal as Python
+    writes them (Parquet ids and parents are often integers); None for anything else, whose
+    text `_as_string` decides."""
     import pyarrow as pa
 
     kind = values.type
     if pa.types.is_dictionary(kind):
         values, kind = values.dictionary_decode(), kind.value_type
-    if pa.types.is_string(kind):
+    if pa.types.is_string(kind) or pa.types.is_integer(kind):
         return values.cast(pa.large_string())
     return values if pa.types.is_large_string(kind) else None
 
