@@ -567,10 +567,9 @@ def _canonical_frame(batches, roles: _Roles) -> pd.DataFrame | None:
             for key, values in columns.items():
                 parts.setdefault(key, []).append(values)
             n += batch.num_rows
-            del batch
-            pool.release_unused()  # the raw batch's pages back to the system, not kept for reuse
     except (pa.ArrowException, OSError):
         return None
+    pool.release_unused()  # the raw batches' pages back to the system, not kept for reuse
     return _sorted_frame(parts) if n else None
 
 
