@@ -215,7 +215,8 @@ def test_a_parquet_table_with_nulls_or_empty_text_names_the_rows(tmp_path):
     "id,label,parent,x\n1,a,p\n2,b,q,3\n",                      # short row (pandas' reader)
     "id,label,parent\n007,a,1\n10,b,2.0\n1e3,c,3\n",            # numbers kept as written
     "id,label,parent\n1,NaN,p\n2,null,q\n",                     # only empty cells are missing
-], ids=["bom", "crlf-quoted", "blank-line", "repeated-column", "short-row", "numeric-text", "nan-words"])
+    'id,label,parent\n1,"a\nb",p\n2,c,q\n',                      # a line break inside quotes
+], ids=["bom", "crlf-quoted", "blank-line", "repeated-column", "short-row", "numeric-text", "nan-words", "quoted-newline"])
 def test_arrow_csv_reading_matches_pandas_reader(tmp_path, text):
     """`from_csv` (Arrow's reader, or pandas' where Arrow reads otherwise) gives the text pandas'
     reader gives with dtype=str and only empty cells missing, the documented reading."""
