@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from shortcutlab import CropTable, TableError
-from conftest import shuffled, table_from
+from conftest import shuffled
 
 
 def test_columns_are_mapped_and_rows_sorted_by_id():
