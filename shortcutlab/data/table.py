@@ -664,28 +664,33 @@ def _arrow_number(values) -> np.ndarray | None:
 def _sorted_frame(parts: dict[str, list]) -> pd.DataFrame | None:
     """The frame of the batches' columns (`parts`: column -> one array per batch) sorted by
     id; None if an id repeats or a parent lies in two groups. Each column is reordered and
-    its batches dropped in turn, so the peak holds one column twice, not the table."""
+    its batches dropped in turn, so the peak holds one column twice, not the table. A table
+    already in id order (one written from a `CropTable`) is not reordered at all."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     ids = pa.chunked_array(parts.pop("id"))
-    order = pc.sort_indices(ids)
-    ids = ids.take(order)
+    n = len(ids)
+    in_order = n < 2 or pc.all(pc.less_equal(ids.slice(0, n - 1), ids.slice(1))).as_py()
+    order = None if in_order else pc.sort_indices(ids)
+    if order is not None:
+        ids = ids.take(order)
     pool = pa.default_memory_pool()
     pool.release_unused()  # the unsorted ids' pages back to the system, not kept for reuse
-    if len(ids) > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1))).as_py():
+    if n > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, n - 1))).as_py():
         return None
     if "group" in parts and not _one_group_per_parent(parts["parent"], parts["group"]):
         return None
     frame = {"id": pd.array(ids, dtype=_text_dtype())}
     del ids
-    rows = order.to_numpy()
+    rows = None if order is None else order.to_numpy()
     for key in list(parts):
         chunks = parts.pop(key)
         if key in _GEOMETRY:
-            frame[key] = np.concatenate(chunks)[rows]
+            frame[key] = np.concatenate(chunks) if rows is None else np.concatenate(chunks)[rows]
         else:
-            frame[key] = pd.array(pa.chunked_array(chunks).take(order), dtype=_text_dtype())
+            text = pa.chunked_array(chunks)
+            frame[key] = pd.array(text if order is None else text.take(order), dtype=_text_dtype())
         del chunks
         pool.release_unused()
     return pd.DataFrame(frame, copy=False)
