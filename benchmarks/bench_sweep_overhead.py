@@ -14,13 +14,19 @@ Repeated `--repeats` times, alternating which goes first, and the fastest of eac
 cores are shared; the load is printed before and after). Printed from the same run:
 
 - wall time, best of N and median, of each, and the ratio sweep / loop (the goal);
-- process CPU time (all threads), best of N: less sensitive to other jobs than wall time;
+- process CPU time (all threads), best of N: a second view, though the system time of the
+  benchmark's file writes makes it vary from run to run as well;
 - the time inside the task functions per kind of task, in each: the check that the tasks do
   not run slower inside the sweep (the same wrapper times both), and the torch threads they
   ran on;
-- within run_sweep, the time outside the task functions.
+- the time outside the task functions in each (the sweep's bookkeeping against the loop's),
+  wall and CPU.
 
-    python benchmarks/bench_sweep_overhead.py [--seeds 3] [--repeats 5]
+    python benchmarks/bench_sweep_overhead.py [--seeds 3] [--repeats 5] [--threads N] [--dir PATH]
+
+On cores shared with other jobs, compare at ``--threads 1``: there torch's threads beyond one
+wait on descheduled peers and the run-to-run spread swamps what is measured here. ``--dir
+/dev/shm`` takes the disk (the benchmark's PNGs) out of the comparison.
 
 Goal (issue 25): the whole sweep within 5% of the plain loop, best of N.
 """
