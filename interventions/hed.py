@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from .base import Intervention, InterventionError, check_image, uniform
+from .memory import new_output
 from .registry import register
 
 # scikit-image's rgb_from_hed (rows: haematoxylin, eosin, DAB OD vectors over R, G, B).
@@ -122,7 +123,7 @@ def _jitter(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.T
     At = ((Minv[None] * alpha[:, None, :]) @ M).transpose(1, 2)
     o = (beta @ M).div_(-math.log(2.0))[:, :, None]
     x3 = x.reshape(B, 3, HW)
-    out = torch.empty((B, 3, HW), dtype=x.dtype, device=x.device)
+    out = new_output((B, 3, HW), x.dtype, x.device)
     step = B if x.device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS * torch.get_num_threads() // max(HW, 1)))
     buf = torch.empty((step, 3, HW), dtype=x.dtype, device=x.device)
     for i in range(0, B, step):

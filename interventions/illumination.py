@@ -77,6 +77,7 @@ from kornia.filters import get_gaussian_kernel1d
 
 from .background import LOCAL_PRIOR_WEIGHT, check_sigma, default_sigma
 from .base import Intervention, InterventionError, check_image, check_mask, warn_not_applicable
+from .memory import new_output
 from .registry import register
 
 # Illumination below one 8-bit grey level carries no signal; dividing by less only amplifies noise.
@@ -303,7 +304,7 @@ def _flatten(
     with some background (the others unchanged); on CPU in chunks of about `_CPU_CHUNK_PIXELS`
     pixels (every step is per crop), each written straight into the output."""
     B, _, H, W = x.shape
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = new_output(x.shape, x.dtype, x.device)
     ok = torch.empty(B, dtype=torch.bool, device=x.device)
     step = B if x.device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS // max(H * W, 1)))
     s = default_sigma(x, sigma)

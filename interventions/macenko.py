@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from .base import Intervention, InterventionError, check_image, check_mask, warn_not_applicable
+from .memory import new_output
 from .registry import register
 
 # torchstain's (and Macenko's reference implementation's) defaults: columns H, E over R, G, B.
@@ -240,7 +241,7 @@ def _normalize(x, mask, HE_ref: np.ndarray, maxC_ref: np.ndarray, Io, alpha, bet
     mcr = torch.as_tensor(maxC_ref, dtype=dt, device=x.device)
     eye = torch.eye(3, dtype=dt, device=x.device)
     logIo = math.log(Io)
-    out = torch.empty((B, 3, HW), dtype=x.dtype, device=x.device)
+    out = new_output((B, 3, HW), x.dtype, x.device)
     ok_all = torch.empty(B, dtype=torch.bool, device=x.device)
     step = B if x.device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS * torch.get_num_threads() // max(HW, 1)))
     for i in range(0, B, step):

@@ -59,6 +59,7 @@ import pandas as pd
 import torch
 
 from .base import Intervention, InterventionError, InterventionWarning, SplitRequirementError, check_image, check_mask, warn_not_applicable
+from .memory import new_output
 from .registry import register
 
 # kornia.color constants (translated there from scikit-image): linear sRGB -> XYZ (D65),
@@ -252,7 +253,7 @@ def _transfer(x: torch.Tensor, w: torch.Tensor | None, tgt_mean: torch.Tensor, t
     HW = H * Wd
     x3 = x.reshape(B, 3, HW)
     w3 = None if w is None else w.reshape(B, 1, HW)
-    out = torch.empty((B, 3, HW), dtype=x.dtype, device=x.device)
+    out = new_output((B, 3, HW), x.dtype, x.device)
     empty_all = torch.zeros(B, dtype=torch.bool, device=x.device)
     step = _chunk(B, HW, x.device)
     buf_a = torch.empty((step, 3, HW), dtype=x.dtype, device=x.device)
