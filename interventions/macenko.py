@@ -62,6 +62,7 @@ DEFAULT_IO = 240.0 / 255.0
 OD_OFFSET = 1.0 / 255.0
 _LN2 = math.log(2.0)
 _CPU_CHUNK_PIXELS = 1 << 17  # pixels per CPU chunk and thread: intermediates stay in cache
+_NUMPY_SELECT_MIN = 1 << 14  # row length from which numpy's per-row partition beats torch's topk on CPU
 
 
 class StainEstimate(NamedTuple):
@@ -104,13 +105,47 @@ def _check_reference(stain_matrix, max_conc) -> tuple[np.ndarray, np.ndarray]:
 
 def _tail_values(v: torch.Tensor, valid: torch.Tensor | None, rank: torch.Tensor, largest: bool) -> torch.Tensor:
     """Values at 0-based positions `rank` (R, m) of every row of v (R, N), counted over the valid
-    entries from the largest (or smallest) end: one `topk` over the rows, k = max(rank) + 1.
+    entries from the largest (or smallest) end.
 
-    (Cutting the rows first with a subsample threshold and sorting only the kept values was
-    tried: on CPU the gather costs about what it saves for 64 x 64 crops.)
+    On CPU, for rows of at least `_NUMPY_SELECT_MIN` pixels, numpy's `partition` (introselect)
+    per row finds exactly these order statistics in a fifth of the time of torch's `topk` over
+    a 224 x 224 crop's 1% tail (70 vs 300 us a row); shorter rows (64 x 64 crops: 4096) are
+    faster with one `topk` over the rows, k = max(rank) + 1, as on other devices. (Cutting the rows first with a
+    subsample threshold and sorting only the kept values was tried: on CPU the gather costs
+    about what it saves for 64 x 64 crops.)
     """
+    if v.device.type == "cpu" and v.shape[1] >= _NUMPY_SELECT_MIN:
+        return _order_statistics_numpy(v, valid, rank, largest)
     vv = v if valid is None else torch.where(valid, v, -math.inf if largest else math.inf)
     return torch.topk(vv, int(rank.max()) + 1, dim=-1, largest=largest, sorted=True).values.gather(1, rank)
+
+
+def _order_statistics_numpy(v: torch.Tensor, valid: torch.Tensor | None, rank: torch.Tensor, largest: bool) -> torch.Tensor:
+    """`_tail_values` on CPU: each row's valid entries, partitioned at the smallest position
+    wanted (numpy's partition with one position; with two it took 6 times longer); a position
+    one above it is the minimum of the part above, any other a second partition."""
+    a = v.detach().numpy()
+    R, N = a.shape
+    keep = None if valid is None else valid.numpy()
+    n = np.full(R, N) if keep is None else keep.sum(-1)
+    r = rank.numpy()
+    pos = n[:, None] - 1 - r if largest else r  # ascending positions among the valid entries
+    out = np.full(pos.shape, np.nan, dtype=a.dtype)
+    for i in range(R):
+        row = a[i] if keep is None else np.compress(keep[i], a[i])  # 4x faster than a[i][keep[i]]
+        if len(row) == 0:
+            continue  # no valid entry: garbage (NaN), flagged by the caller
+        want = np.clip(pos[i], 0, len(row) - 1)
+        q0 = int(want.min())
+        part = np.partition(row, q0)
+        for j, q in enumerate(want):
+            if q == q0:
+                out[i, j] = part[q0]
+            elif q == q0 + 1:
+                out[i, j] = part[q0 + 1 :].min()
+            else:
+                out[i, j] = np.partition(part, int(q))[q]
+    return torch.from_numpy(out)
 
 
 def _masked_percentiles(v: torch.Tensor, valid: torch.Tensor | None, qs: Sequence[float]) -> torch.Tensor:
