@@ -24,10 +24,12 @@ nearest-rank percentiles, which moves a few pixels by up to another 0.5/255).
 
 Batched: every step is a tensor operation over (B, 3, H*W) with per-image reductions (masked
 sums and 3 x 3 covariances by batched products, `torch.linalg.eigh` on (B, 3, 3), percentiles
-from `topk` over the 1% tail of each row, least squares by a batched 2 x 2 solve); OD is never
-materialised (all steps are affine in ln(x + 1/255)), and steps 5-6 fold into one 3 x 3 map of
-ln(x + 1/255) per image, so the output costs a batched product and an exp. On CPU the batch
-goes in chunks of about 128K pixels per thread so the intermediates stay in cache.
+from `topk` over the 1% tail of each row, or on CPU for crops of 128 x 128 px and more numpy's
+per-row partition, least squares by a batched 2 x 2 solve); OD is never materialised (all
+steps are affine in ln(x + 1/255)), and steps 5-6 fold into one 3 x 3 map of ln(x + 1/255) per
+image, so the output costs a batched product and an exp. On CPU the batch goes in chunks of
+about 128K pixels per thread, whose large intermediates reuse one set of buffers, so that they
+stay in cache and are not page-faulted in anew for every chunk.
 
 Not applicable: a crop with fewer than `min_tissue_pixels` tissue pixels (a background-only
 crop, say), or whose estimate degenerates (both stain vectors equal, non-finite values), is
