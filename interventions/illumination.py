@@ -146,7 +146,9 @@ def polynomial_surface(x: torch.Tensor, w: torch.Tensor, degree: int, out: torch
     has_bg = total > 0
     norm = torch.where(has_bg, total, torch.ones_like(total)).view(B, 1, 1)
     gram = (ww @ pairs).view(B, K, K) / norm
-    rhs = torch.matmul(torch.mul(x.reshape(B, C, H * W), ww[:, None, :]), phi.T).transpose(1, 2) / norm  # (B, K, C); the product is in `work`
+    # the product is in `work` (float64), in memory marked for huge pages (see `memory`)
+    xw = torch.mul(x.reshape(B, C, H * W), ww[:, None, :], out=new_output((B, C, H * W), work, x.device))
+    rhs = torch.matmul(xw, phi.T).transpose(1, 2) / norm  # (B, K, C)
     ridge = torch.full((K,), _RIDGE, dtype=work, device=x.device)
     ridge[0] = 0.0
     eye = torch.eye(K, dtype=work, device=x.device)
@@ -279,7 +281,7 @@ def _illumination(x: torch.Tensor, w: torch.Tensor, masked: bool, sigma: float, 
     surface = polynomial_surface(x, w, degree, out=out).clamp_min_(ILLUMINATION_FLOOR)
     # normalised convolution of x / Q with the fallback 1 (`background.normalised_convolution`),
     # numerator and denominator blurred together: (G*(w x/Q) + lam) / (G*w + lam)
-    stack = torch.empty((B, C + 1, H, W), dtype=x.dtype, device=x.device)
+    stack = new_output((B, C + 1, H, W), x.dtype, x.device)
     torch.div(x, surface, out=stack[:, :C]).mul_(w)
     stack[:, C:] = w
     blurred = _smooth(stack, sigma).add_(LOCAL_PRIOR_WEIGHT)
