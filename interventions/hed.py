@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from .base import Intervention, InterventionError, check_image, uniform
+from .memory import new_output
 from .registry import register
 
 # scikit-image's rgb_from_hed (rows: haematoxylin, eosin, DAB OD vectors over R, G, B).
@@ -122,14 +123,17 @@ def _jitter(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.T
     At = ((Minv[None] * alpha[:, None, :]) @ M).transpose(1, 2)
     o = (beta @ M).div_(-math.log(2.0))[:, :, None]
     x3 = x.reshape(B, 3, HW)
-    out = torch.empty((B, 3, HW), dtype=x.dtype, device=x.device)
+    # the output is made in its final shape, so that the module's forward clamps it in place
+    # (a view would make it copy), and worked on as (B, 3, H*W)
+    result = new_output(x.shape, x.dtype, x.device)
+    out = result.view(B, 3, HW)
     step = B if x.device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS * torch.get_num_threads() // max(HW, 1)))
     buf = torch.empty((step, 3, HW), dtype=x.dtype, device=x.device)
     for i in range(0, B, step):
         j = min(i + step, B)
         lg = torch.clamp(x3[i:j], min=OD_EPS, out=buf[: j - i]).log2_()
         torch.baddbmm(o[i:j].expand(j - i, 3, HW), At[i:j], lg, out=out[i:j]).exp2_().clamp_(0.0, 1.0)
-    return out.reshape(x.shape)
+    return result
 
 
 def hed_jitter(

@@ -59,6 +59,7 @@ import pandas as pd
 import torch
 
 from .base import Intervention, InterventionError, InterventionWarning, SplitRequirementError, check_image, check_mask, warn_not_applicable
+from .memory import new_output
 from .registry import register
 
 # kornia.color constants (translated there from scikit-image): linear sRGB -> XYZ (D65),
@@ -252,7 +253,10 @@ def _transfer(x: torch.Tensor, w: torch.Tensor | None, tgt_mean: torch.Tensor, t
     HW = H * Wd
     x3 = x.reshape(B, 3, HW)
     w3 = None if w is None else w.reshape(B, 1, HW)
-    out = torch.empty((B, 3, HW), dtype=x.dtype, device=x.device)
+    # the output is made in its final shape, so that the module's forward clamps it in place
+    # (a view would make it copy), and worked on as (B, 3, H*W)
+    result = new_output(x.shape, x.dtype, x.device)
+    out = result.view(B, 3, HW)
     empty_all = torch.zeros(B, dtype=torch.bool, device=x.device)
     step = _chunk(B, HW, x.device)
     buf_a = torch.empty((step, 3, HW), dtype=x.dtype, device=x.device)
@@ -274,7 +278,7 @@ def _transfer(x: torch.Tensor, w: torch.Tensor | None, tgt_mean: torch.Tensor, t
         c = (s * t0 + o - t0) @ Ti.T
         f2 = torch.baddbmm(c[:, :, None].expand(j - i, 3, HW), A, f, out=b)
         _f_to_srgb(f2, out=out[i:j]).clamp_(0.0, 1.0)
-    return out.reshape(x.shape), empty_all
+    return result, empty_all
 
 
 def _as_target(value: Any, name: str, B: int, like: torch.Tensor, per_sample: bool) -> torch.Tensor:

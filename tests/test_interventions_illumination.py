@@ -9,7 +9,7 @@ from scipy.ndimage import gaussian_filter
 
 import interventions
 from interventions import IlluminationFlattening, InterventionError, InterventionWarning, illumination_flattening
-from interventions.background import LOCAL_PRIOR_WEIGHT
+from interventions.background import LOCAL_PRIOR_WEIGHT, gaussian_smooth
 
 N = 64
 BG = torch.tensor([0.85, 0.80, 0.90], dtype=torch.float64).view(1, 3, 1, 1)
@@ -192,3 +192,54 @@ def test_level_removes_a_shared_gain_and_keeps_the_background_colour():
     torch.testing.assert_close(means, expected, rtol=0, atol=3e-3)
     contrast = _contrast(a, mask) / _contrast(flat, mask)
     torch.testing.assert_close(contrast, torch.ones(3, dtype=torch.float64), rtol=0, atol=0.03)
+
+
+def _scipy_blur(a, s):
+    return gaussian_filter(a, s, mode="constant", cval=0.0, truncate=3.0)
+
+
+def _kornia_blur(a, s):
+    return gaussian_smooth(torch.from_numpy(a)[None, None], s)[0, 0].numpy()
+
+
+@pytest.mark.parametrize(
+    "shape, sigma, blur",
+    [((224, 224), None, _scipy_blur), ((96, 160), None, _scipy_blur), ((64, 64), 20.0, _scipy_blur), ((40, 40), 4.0, _scipy_blur), ((40, 40), 100.0, _kornia_blur)],
+    ids=["224px-default-sigma56", "96x160-default-sigma24", "64px-sigma20", "40px-sigma4-dense", "40px-sigma100-uncut-kornia"],
+)
+def test_the_blur_equals_scipy_at_any_size(shape, sigma, blur):
+    """The normalised convolution's Gaussian runs as matrix products (the uncut Gaussian's leading
+    eigenvectors less the corners beyond the +-3 sigma cut, or the dense matrix): degree=0 on a
+    random masked crop equals the same formula built on scipy's gaussian_filter (truncate 3,
+    zero padding) to 1e-10, as the kornia convolution it replaces did. Sigmas are chosen so that
+    scipy's radius int(3 sigma + 0.5) equals kornia's ceil(3 sigma); where the kernel is wider
+    than the crop, kornia cuts it at 2 n - 1 taps (normalised over those, unlike scipy), and
+    the reference is kornia's blur."""
+    H, W = shape
+    g = torch.Generator().manual_seed(3)
+    x = 0.2 + 0.7 * torch.rand(2, 3, H, W, generator=g, dtype=torch.float64)
+    mask = (torch.rand(2, 1, H, W, generator=g, dtype=torch.float64) < 0.3).to(torch.float64)
+    s = sigma if sigma is not None else min(H, W) / 4.0
+    y = illumination_flattening(x, mask, sigma=sigma, degree=0)
+    for b in range(2):
+        xn, w = x[b].numpy(), 1 - mask[b, 0].numpy()
+        den = blur(w, s)
+        for c in range(3):
+            level = (w * xn[c]).sum() / w.sum()
+            illum = (blur(w * xn[c], s) + LOCAL_PRIOR_WEIGHT * level) / (den + LOCAL_PRIOR_WEIGHT)
+            ratio = xn[c] / illum
+            ref = np.clip(ratio * level / ((w * ratio).sum() / w.sum()), 0, 1)
+            np.testing.assert_allclose(y[b, c].numpy(), ref, atol=1e-10, rtol=0)
+
+
+def test_a_batch_in_chunks_equals_crop_by_crop():
+    """On CPU a large batch runs in chunks of crops written into one output: each crop's result
+    is what it gets alone (float32, 12 crops of 224 px = two chunks)."""
+    g = torch.Generator().manual_seed(4)
+    x = 0.1 + 0.8 * torch.rand(12, 3, 224, 224, generator=g)
+    mask = torch.zeros(12, 1, 224, 224)
+    mask[:, :, 60:160, 70:150] = 1.0
+    mask[5] = 0.0  # no cell: all background
+    y = illumination_flattening(x, mask)
+    for i in (0, 5, 9, 11):
+        torch.testing.assert_close(y[i : i + 1], illumination_flattening(x[i : i + 1], mask[i : i + 1]), rtol=0, atol=1e-6)

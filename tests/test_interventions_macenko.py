@@ -132,6 +132,26 @@ def test_masked_percentiles_equal_numpys():
     np.testing.assert_allclose(_masked_percentiles(v, None, (99.0,))[:, 0].numpy(), np.percentile(v.numpy(), 99.0, axis=1), atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_masked_percentiles_of_long_rows_equal_numpys(dtype):
+    """Rows of a 224 x 224 crop take numpy's per-row partition on CPU instead of torch's topk:
+    the same percentiles as np.percentile (linear interpolation), with few or all pixels valid,
+    ties included (values rounded to 1/64)."""
+    g = torch.Generator().manual_seed(1)
+    N = 224 * 224
+    v = (torch.randn(5, N, generator=g, dtype=torch.float64) * 64).round() / 64
+    valid = torch.rand(5, N, generator=g) < torch.tensor([0.0005, 0.1, 0.5, 0.9, 1.0])[:, None]
+    valid[0, :] = False
+    valid[0, 123] = True  # one valid pixel: every percentile is that value
+    qs = (1.0, 37.5, 99.0, 100.0)
+    got = _masked_percentiles(v.to(dtype), valid, qs)
+    atol = 1e-12 if dtype == torch.float64 else 1e-5
+    for r in range(5):
+        ref = np.percentile(v[r][valid[r]].numpy(), qs)
+        np.testing.assert_allclose(got[r].double().numpy(), ref, rtol=0, atol=atol)
+    np.testing.assert_allclose(_masked_percentiles(v.to(dtype), None, (1.0, 99.0)).double().numpy(), np.percentile(v.numpy(), [1.0, 99.0], axis=1).T, atol=atol)
+
+
 def test_estimate_recovers_the_stains_of_an_he_tile():
     x = _to_batch(_he_tile(0), _he_tile(1))
     # beta 0.05: pure eosin has little red OD, so the default 0.15 keeps only its densest pixels
