@@ -212,3 +212,33 @@ def test_folder_ids_are_paths_relative_to_the_folder(tmp_path):
     got = images_in_folder(str(tmp_path / "f"))
     assert got.ids == ["a.png", os.path.join("sub", "b.png"), os.path.join("sub", "deeper", "c.PNG")]
     assert got.paths == [os.path.join(str(tmp_path / "f"), i) for i in got.ids]
+
+
+def test_threads_give_results_in_order_and_stop_at_the_first_error():
+    import threading
+    import time
+
+    assert siblings.map_in_threads(lambda x: x * x, range(50), workers=3) == [x * x for x in range(50)]
+    done, lock = [], threading.Lock()
+
+    def work(x):
+        if x == 2:
+            raise siblings.SiblingError("file 2 is broken")
+        time.sleep(0.002)
+        with lock:
+            done.append(x)
+
+    with pytest.raises(siblings.SiblingError, match="file 2 is broken"):
+        siblings.map_in_threads(work, range(2000), workers=2)
+    assert len(done) < 1000  # the tasks after the error were cancelled, not run
+
+
+def test_an_unreadable_file_among_many_names_itself(tmp_path, monkeypatch):
+    from shortcutlab.errors import ShortcutlabError
+
+    train, _, _, _ = _copies(n_train=30, n_test=1, n_copy=0)
+    _write_folder(tmp_path / "f", train)
+    (tmp_path / "f" / "017.png").write_bytes(b"\x89PNG\r\n\x1a\nnot a png")
+    monkeypatch.setattr(siblings, "_FILE_TASK", 4)
+    with pytest.raises(ShortcutlabError, match=r"017\.png.*cannot be read as an image"):
+        hash_image_set(images_in_folder(str(tmp_path / "f")), True, workers=2)

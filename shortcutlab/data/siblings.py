@@ -610,8 +610,6 @@ def confirm_candidates(result: SiblingResult, candidates, test_image, train_imag
     ``train_image(j)``, called from `workers` threads, default `default_workers`), so they need
     not be in memory; at most `_DETAIL_CACHE` training detail maps are kept.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     confirm = check_confirm(confirm)
     ci, cj, cd, cg = candidates
     nearest, distance, transform = result.nearest.copy(), result.distance.copy(), result.transform.copy()
@@ -649,11 +647,10 @@ def confirm_candidates(result: SiblingResult, candidates, test_image, train_imag
         return ks[row], g, r[row, g]
 
     todo = np.flatnonzero(bounds[1:] > bounds[:-1])
-    with ThreadPoolExecutor(default_workers() if workers is None else max(1, int(workers))) as pool:
-        for i, got in zip(todo, pool.map(best, todo)):
-            if got is not None:
-                k, g, value = got
-                nearest[i], distance[i], transform[i], detail[i] = cj[k], cd[k], g, value
+    for i, got in zip(todo, map_in_threads(best, todo, workers)):
+        if got is not None:
+            k, g, value = got
+            nearest[i], distance[i], transform[i], detail[i] = cj[k], cd[k], g, value
     return replace(result, nearest=nearest, distance=distance, transform=transform, detail=detail, confirm=confirm)
 
 
@@ -862,6 +859,24 @@ def default_workers() -> int:
     return max(1, min(8, cores))
 
 
+def map_in_threads(fn, items, workers: int | None = None) -> list:
+    """``[fn(x) for x in items]`` run by `workers` threads (default `default_workers`), in order.
+
+    The first error is raised as soon as its turn comes, and the tasks not yet started are
+    cancelled: a bad file early in a million does not wait for the rest to be hashed.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(default_workers() if workers is None else max(1, int(workers)))
+    try:
+        out = list(pool.map(fn, items))
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return out
+
+
 def _hash_files(images: ImageSet, ks: range, variants: bool) -> np.ndarray:
     """(len(ks), 8 or 1) hashes of the files `ks` of `images`, as `dihedral_hashes` /
     `phash_images` of their pixels (`read_image`). Runs in a worker thread.
@@ -908,13 +923,9 @@ def hash_image_set(images: ImageSet, variants: bool, workers: int | None = None)
     equal ``imagehash.phash``. No reduced decoding (Pillow's JPEG draft mode, `Image.reduce`):
     it changes the pixels the 32 x 32 thumbnail is made from, and so the hash's bits.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     n = len(images)
-    workers = default_workers() if workers is None else max(1, int(workers))
     tasks = [range(a, min(a + _FILE_TASK, n)) for a in range(0, n, _FILE_TASK)]
-    with ThreadPoolExecutor(workers) as pool:
-        parts = list(pool.map(lambda ks: _hash_files(images, ks, variants), tasks))
+    parts = map_in_threads(lambda ks: _hash_files(images, ks, variants), tasks, workers)
     out = np.concatenate(parts) if parts else np.zeros((0, 8 if variants else 1), dtype=np.uint64)
     return out if variants else out[:, 0]
 
