@@ -110,6 +110,8 @@ _HASH = 8  # hash side: 8 x 8 = 64 bits
 _SIZE = 32  # imagehash's img_size = hash_size * highfreq_factor
 _PRECISION_BITS = 32 - 8 - 2  # Pillow's Resample.c, 8 bits per channel
 _CHUNK = 2048  # images resized at once (float64 temporaries ~ 70 MB at 64 x 64)
+_SEARCH_PAIRS = 1 << 15  # candidate pairs checked at once: a few MB of temporaries (dedup's default,
+# 2**20, held 100 MB, more than all else the command keeps at 20,000 images), no slower
 
 
 class SiblingError(ShortcutlabError):
@@ -446,7 +448,7 @@ def search_hashes(train_hashes: np.ndarray, test_variants: np.ndarray, threshold
     sentinel = np.iinfo(np.int64).max
     best = np.full(n_test, sentinel, dtype=np.int64)
     pair_keys = []
-    for i8, j, d in near_duplicate_batches_between(test_variants.ravel(), train_hashes, t):
+    for i8, j, d in near_duplicate_batches_between(test_variants.ravel(), train_hashes, t, batch_pairs=_SEARCH_PAIRS):
         i, g = i8 // k, i8 % k
         np.minimum.at(best, i, (d * n_train + j) * k + g)
         pair_keys.append(np.unique(i * n_train + j))
@@ -577,7 +579,7 @@ def candidate_pairs(train_hashes: np.ndarray, test_variants: np.ndarray, thresho
     train_hashes = np.asarray(train_hashes, dtype=np.uint64).reshape(-1)
     test_variants = np.asarray(test_variants, dtype=np.uint64)
     k = test_variants.shape[1]
-    parts = [(i8 // k, j, d, i8 % k) for i8, j, d in near_duplicate_batches_between(test_variants.ravel(), train_hashes, t)]
+    parts = [(i8 // k, j, d, i8 % k) for i8, j, d in near_duplicate_batches_between(test_variants.ravel(), train_hashes, t, batch_pairs=_SEARCH_PAIRS)]
     if not parts:
         return tuple(np.zeros(0, dtype=np.int64) for _ in range(4))
     i, j, d, g = (np.concatenate([p[c] for p in parts]).astype(np.int64) for c in range(4))
