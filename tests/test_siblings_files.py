@@ -97,7 +97,7 @@ def _copies(n_train=40, n_test=12, n_copy=6, seed=0):
     return train, test, src, g
 
 
-def test_confirmation_with_threads_and_a_one_entry_cache_equals_one_thread(monkeypatch):
+def test_confirmation_with_threads_and_no_cache_equals_one_thread(monkeypatch):
     train, test, src, _ = _copies()
     h, v = siblings.phash_images(train), siblings.dihedral_hashes(test)
     res, cand = siblings.search_hashes(h, v, 8), siblings.candidate_pairs(h, v, 8)
@@ -109,7 +109,7 @@ def test_confirmation_with_threads_and_a_one_entry_cache_equals_one_thread(monke
 
     one = siblings.confirm_candidates(res, cand, lambda i: test[i], train_image, 0.97, workers=1)
     assert len(calls) == len(set(cand[1].tolist()))  # each training image read once with the default cache
-    monkeypatch.setattr(siblings, "_DETAIL_CACHE", 1)
+    monkeypatch.setattr(siblings, "_DETAIL_CACHE_BYTES", 1)
     calls.clear()
     many = siblings.confirm_candidates(res, cand, lambda i: test[i], train_image, 0.97, workers=3)
     assert len(calls) >= len(set(cand[1].tolist()))

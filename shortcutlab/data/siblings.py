@@ -595,7 +595,7 @@ def candidate_pairs(train_hashes: np.ndarray, test_variants: np.ndarray, thresho
 _MAX_CANDIDATES = 256  # candidates of one test image checked, nearest first
 
 
-_DETAIL_CACHE = 2048  # training images' detail maps kept for reuse (~80 KB each at 64 px): bounded
+_DETAIL_CACHE_BYTES = 16 << 20  # training images' detail maps kept for reuse (~70 KB each at 64 px)
 
 
 def confirm_candidates(result: SiblingResult, candidates, test_image, train_image, confirm: float = DEFAULT_CONFIRM,
@@ -610,7 +610,7 @@ def confirm_candidates(result: SiblingResult, candidates, test_image, train_imag
     the hash-nearest one need not be the source. The image counts as having a sibling when
     that correlation reaches `confirm`. Images are fetched by index (``test_image(i)``,
     ``train_image(j)``, called from `workers` threads, default `default_workers`), so they need
-    not be in memory; at most `_DETAIL_CACHE` training detail maps are kept.
+    not be in memory; at most `_DETAIL_CACHE_BYTES` of training detail maps are kept.
     """
     confirm = check_confirm(confirm)
     ci, cj, cd, cg = candidates
@@ -618,14 +618,18 @@ def confirm_candidates(result: SiblingResult, candidates, test_image, train_imag
     detail = np.full(len(nearest), np.nan)
     bounds = np.searchsorted(ci, np.arange(len(nearest) + 1))
     cache: dict = {}
+    held = [0]
 
     def train_detail(j):
         got = cache.get(j)
         if got is None:
             got = _Detail.of(train_image(int(j)))
-            if len(cache) >= _DETAIL_CACHE:
+            size = got.d.nbytes + got.sat.nbytes + (0 if got.unit is None else got.unit.nbytes)
+            if held[0] + size > _DETAIL_CACHE_BYTES:
                 cache.clear()  # a pure function of j: dropping entries changes nothing but time
+                held[0] = 0
             cache[j] = got
+            held[0] += size
         return got
 
     def best(i):
