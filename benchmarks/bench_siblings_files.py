@@ -16,13 +16,14 @@ resident memory (``ru_maxrss`` of that child, imports included):
 They alternate, best of `--repeat` each, and the load average is printed beside every run.
 The script then checks that our output linked every planted copy to its source.
 
-`--scale 100000,300000` instead measures our command's peak memory at those sizes (training
-sides of that many images, test sides a fifth of it; generated on first use, reusing files)
-to show that it does not grow with the images held.
+`--scale 20000,100000,200000` instead measures our command's time and peak memory at those
+sizes (training sides of that many images, test sides a fifth of it; generated on first use,
+reusing files) and the memory added per added image: the file list, the hashes and the search's
+index grow with the images, the pixels held do not.
 
 Usage:
     python benchmarks/bench_siblings_files.py [--data /work/bench-data/siblings] [--n 20000] [--repeat 3]
-    python benchmarks/bench_siblings_files.py --scale 100000,300000
+    python benchmarks/bench_siblings_files.py --scale 20000,100000,200000
 """
 
 from __future__ import annotations
@@ -197,14 +198,18 @@ def compare(data: str, n: int, repeat: int, src: np.ndarray) -> None:
 
 
 def scale(data: str, sizes: list[int], src_copies: int) -> None:
+    previous = None
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             n_test = n // 5
             train, test = subset(data, "train", n), subset(data, "test", n_test)
             before = load()
             s, mb, _ = child(ours_cmd(train, test, os.path.join(tmp, f"sib-{n}")))
-            print(f"  {n:,} training + {n_test:,} test PNGs: {s:7.1f} s ({(n + n_test) / s:,.0f} images/s), peak {mb:6.0f} MB, "
-                  f"{mb * 2**20 / (n + n_test):,.0f} bytes per image (load before {before})", flush=True)
+            growth = "" if previous is None else \
+                f", {(mb - previous[1]) * 2**20 / (n + n_test - previous[0]):,.0f} bytes per added image"
+            print(f"  {n:,} training + {n_test:,} test PNGs: {s:7.1f} s ({(n + n_test) / s:,.0f} images/s), peak {mb:6.0f} MB"
+                  f"{growth} (load before {before})", flush=True)
+            previous = (n + n_test, mb)
 
 
 def main(argv=None) -> int:

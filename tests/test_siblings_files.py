@@ -242,3 +242,17 @@ def test_an_unreadable_file_among_many_names_itself(tmp_path, monkeypatch):
     monkeypatch.setattr(siblings, "_FILE_TASK", 4)
     with pytest.raises(ShortcutlabError, match=r"017\.png.*cannot be read as an image"):
         hash_image_set(images_in_folder(str(tmp_path / "f")), True, workers=2)
+
+
+@pytest.mark.parametrize("confirm", [0.97, None], ids=["confirmed", "unconfirmed"])
+def test_search_in_blocks_of_test_images_equals_one_block(monkeypatch, confirm):
+    train, test, src, _ = _copies(n_train=30, n_test=11, n_copy=5)
+    h, v = siblings.phash_images(train), siblings.dihedral_hashes(test)
+    whole = siblings.search_confirmed(h, v, 20, lambda i: test[i], lambda j: train[j], confirm)
+    monkeypatch.setattr(siblings, "_TEST_BLOCK", 3)
+    blocks = siblings.search_confirmed(h, v, 20, lambda i: test[i], lambda j: train[j], confirm)
+    for name in ("nearest", "distance", "transform", "n_siblings") + (("detail",) if confirm else ()):
+        np.testing.assert_array_equal(getattr(whole, name), getattr(blocks, name), err_msg=name)
+    assert blocks.confirm == confirm and blocks.n_train == len(train) and blocks.threshold == 20
+    np.testing.assert_array_equal(blocks.nearest[: len(src)], src)
+    assert (blocks.n_siblings[len(src):] > 0).any()  # distinct images within 20 bits: candidates the blocks must agree on

@@ -666,14 +666,30 @@ def _unit(d: np.ndarray) -> np.ndarray | None:
     return None if n < 1e-6 * d.size else d / n
 
 
+_TEST_BLOCK = 1 << 15  # test images searched at once: the multi-index over their eight hashes
+# costs ~0.9 KB per test image, so a block bounds it (each test image's answer is its own)
+
+
 def search_confirmed(train_hashes, test_variants, threshold: int, test_image, train_image,
                      confirm: float | None = DEFAULT_CONFIRM) -> SiblingResult:
     """`search_hashes`, then (unless `confirm` is None) `confirm_candidates` over every
-    candidate pair."""
-    res = search_hashes(train_hashes, test_variants, threshold)
-    if confirm is None:
-        return res
-    return confirm_candidates(res, candidate_pairs(train_hashes, test_variants, threshold), test_image, train_image, confirm)
+    candidate pair; the test images in blocks of `_TEST_BLOCK` (the same result as one block:
+    every test image's nearest training image, distance and candidates are its own)."""
+    test_variants = np.asarray(test_variants, dtype=np.uint64)
+    parts = []
+    for lo in range(0, max(len(test_variants), 1), _TEST_BLOCK):
+        block = test_variants[lo : lo + _TEST_BLOCK]
+        res = search_hashes(train_hashes, block, threshold)
+        if confirm is not None:
+            res = confirm_candidates(res, candidate_pairs(train_hashes, block, threshold),
+                                     lambda i, lo=lo: test_image(i + lo), train_image, confirm)
+        parts.append(res)
+    if len(parts) == 1:
+        return parts[0]
+    joined = {name: np.concatenate([getattr(p, name) for p in parts]) for name in ("nearest", "distance", "transform", "n_siblings")}
+    if confirm is not None:
+        joined["detail"] = np.concatenate([p.detail for p in parts])
+    return replace(parts[0], **joined)
 
 
 def check_ssim_min(value) -> float | None:
