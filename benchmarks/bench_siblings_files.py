@@ -78,7 +78,9 @@ def generate(data: str, n_train: int, n_test: int, copies: int, seed: int = 0) -
     from shortcutlab.data.siblings import apply_transform
 
     rng = np.random.default_rng(seed)
-    src = rng.integers(0, min(n_train, 16_000), copies)
+    if n_train < 16_000 or n_test < copies:
+        raise SystemExit(f"need >= 16,000 training images and >= {copies} test images (the planted pairs); got {n_train:,} and {n_test:,}")
+    src = rng.integers(0, 16_000, copies)
     g = rng.integers(0, 8, copies)
     gain = rng.uniform(0.8, 1.2, copies)
     for side, n in (("train", n_train), ("test", n_test)):
