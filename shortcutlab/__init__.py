@@ -10,29 +10,41 @@ The public entry points:
 - `audit` and `measure_split` (`shortcutlab.data.audit`), `reporting_card` (`shortcutlab.data.card`);
 - `wrap` / `ModelAdapter` / `create_model` (`shortcutlab.models.adapter`), `train` / `TrainConfig`
   (`shortcutlab.models.recipe`) and `synthesize` / `SynthConfig` (`shortcutlab.synth`). These need
-  torch and are imported on first use, so table work stays light.
+  torch.
+
+Every name but the version and the errors is imported on first use, so table work does not
+load torch and the sibling search loads neither torch nor pandas.
 """
 
 from shortcutlab.version import __version__
 
-from shortcutlab.data.audit import audit, measure_split
-from shortcutlab.data.card import reporting_card
 from shortcutlab.errors import ManifestHashError, ShortcutlabError, SplitError, TableError
-from shortcutlab.data.exposure import diversity_ratio, exposure, pixel_overlap, sibling_share, summarize
-from shortcutlab.data.manifest import SplitManifest, content_hash, verify
-from shortcutlab.data.splits import (
-    available_protocols,
-    crop_split,
-    dedup_split,
-    factorial_split,
-    ladder_split,
-    make_split,
-    parent_split,
-)
-from shortcutlab.data.table import CropTable
 
-# Names whose modules import torch/timm: resolved on first access (PEP 562).
+# Every other name is resolved on first access (PEP 562), so that `import shortcutlab` (which
+# `python -m shortcutlab` and every `shortcutlab.x.y` import run first) costs the version and
+# the errors only: pandas, scipy.sparse and pyarrow come with the table names (about 100 MB and
+# 2 s on 2 cores), torch and timm with the model names. A command that needs none of them (the
+# sibling search) never loads them.
 _LAZY = {
+    "audit": "data.audit",
+    "measure_split": "data.audit",
+    "reporting_card": "data.card",
+    "diversity_ratio": "data.exposure",
+    "exposure": "data.exposure",
+    "pixel_overlap": "data.exposure",
+    "sibling_share": "data.exposure",
+    "summarize": "data.exposure",
+    "SplitManifest": "data.manifest",
+    "content_hash": "data.manifest",
+    "verify": "data.manifest",
+    "available_protocols": "data.splits",
+    "crop_split": "data.splits",
+    "dedup_split": "data.splits",
+    "factorial_split": "data.splits",
+    "ladder_split": "data.splits",
+    "make_split": "data.splits",
+    "parent_split": "data.splits",
+    "CropTable": "data.table",
     "wrap": "models.adapter",
     "ModelAdapter": "models.adapter",
     "ModelError": "models.adapter",
@@ -53,6 +65,10 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(f"shortcutlab.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'shortcutlab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "__version__",

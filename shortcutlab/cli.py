@@ -993,25 +993,30 @@ def _isnan(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `shortcutlab` command line: one sub-command per `_add_*_command` below, in this order."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `shortcutlab` command line: one sub-command per `_add_*_command` below, in this order.
+
+    With `only` (a sub-command's name) just that sub-command is added: building every one
+    imports what their options list (the split protocols, pandas with them; the training
+    settings; the executors), which a command such as `siblings` never needs.
+    """
     from shortcutlab.version import __version__
 
     parser = argparse.ArgumentParser(prog="shortcutlab", description="Audit and split crop tables for acquisition-sibling leakage.")
     parser.add_argument("--version", action="version", version=f"shortcutlab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_audit_command, _add_split_command, _add_synth_command, _add_train_command, _add_demo_command,
-                _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_register_command, _add_results_command,
-                _add_report_command,
-                _add_litmus_command, _add_control_command, _add_verify_command,
-                _add_table_command,
-                _add_crops_command,
-                _add_masks_command,
-                _add_locate_command,
-                _add_power_command,
-                ):
-        add(sub)
+    for add in _COMMANDS:
+        if only is None or add.__name__ == f"_add_{only}_command":
+            add(sub)
     return parser
+
+
+def _command_named(argv: list[str]) -> str | None:
+    """The sub-command `argv` starts with when it names one, else None (then every sub-command
+    is built, for the full help or argparse's error)."""
+    if argv and any(add.__name__ == f"_add_{argv[0]}_command" for add in _COMMANDS):
+        return argv[0]
+    return None
 
 
 def _add_audit_command(sub) -> None:
@@ -1502,8 +1507,21 @@ def _add_power_command(sub) -> None:
     p.set_defaults(func=cmd_power)
 
 
+_COMMANDS = (_add_audit_command, _add_split_command, _add_synth_command, _add_train_command, _add_demo_command,
+             _add_diagnose_command, _add_siblings_command, _add_sweep_command, _add_register_command, _add_results_command,
+             _add_report_command,
+             _add_litmus_command, _add_control_command, _add_verify_command,
+             _add_table_command,
+             _add_crops_command,
+             _add_masks_command,
+             _add_locate_command,
+             _add_power_command,
+             )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_named(argv))
     args = parser.parse_args(argv)
     from shortcutlab.warnings_summary import collected
 

@@ -11,6 +11,7 @@ Modules, one idea each:
 - `siblings`: perceptual-hash search for sibling crops across a split's sides;
 - `audit`: measured exposure of an existing split;
 - `card`: the reporting card of an audit;
+- `image_files`: one image file read as 8-bit pixels (`read_crop`, `read_grey`), without torch;
 - `images`: a crop manifest read (`load_manifest_table`) and its crops loaded as tensors (`load_crops`, `CropImages`);
 - `random_tables`: random crop tables with a known structure, for tests and benchmarks.
 

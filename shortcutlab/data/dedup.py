@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
-import scipy.sparse
-from scipy.sparse.csgraph import connected_components
 
 from shortcutlab.errors import ShortcutlabError, TableError
 
@@ -616,6 +614,9 @@ def _merge_dense(
     smallest parent, and that smallest dense parent of each component."""
     if n_parents == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    import scipy.sparse  # here, not at the top: the sibling search uses this module's search only
+    from scipy.sparse.csgraph import connected_components
+
     graph = scipy.sparse.coo_matrix(
         (np.ones(len(pu), dtype=np.int8), (pu, pv)), shape=(n_parents, n_parents)
     ).tocsr()

@@ -15,7 +15,10 @@ import torch
 
 from shortcutlab.errors import ShortcutlabError, TableError
 from shortcutlab.paths import wrong_kind
+from shortcutlab.data.image_files import grey16, open_image, read_crop, refuse_deep
 from shortcutlab.data.table import CropTable
+
+__all__ = ["CropImages", "load_crops", "load_manifest_table", "read_crop"]  # read_crop: shortcutlab.data.image_files
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,66 +46,15 @@ def _resolve(path: str, root: str) -> str:
     return path if os.path.isabs(path) else os.path.join(root, path)
 
 
-# Pillow modes of 16-bit grey images (PNG, TIFF): `.convert("RGB")` clips them at 255, so a
-# 16-bit crop would load white. They are scaled here instead.
-_GREY16 = ("I;16", "I;16L", "I;16B", "I;16N")
-
-
-def _open(path: str, what: str, crop_id: str):
-    """Open and decode one image file; a file Pillow cannot decode is a `TableError`."""
-    import struct
-    import zlib
-
-    from PIL import Image
-
-    try:
-        im = Image.open(path)
-        im.load()
-        return im
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error, Image.DecompressionBombError) as e:
-        reason = " ".join(str(e).split()) or type(e).__name__
-        raise TableError(f"{what} {path!r} (id {crop_id!r}) cannot be read as an image: {reason}") from None
-
-
-def _grey16(im) -> np.ndarray | None:
-    """(H, W) uint32 values in 0 .. 65535 of a 16-bit grey image, else None.
-
-    Older Pillow versions open a 16-bit grey PNG as mode 'I' (32-bit); PNG has no deeper grey,
-    so an 'I' image from a PNG is 16-bit.
-    """
-    if im.mode in _GREY16 or (im.mode == "I" and im.format == "PNG"):
-        return np.asarray(im).astype(np.uint32)
-    return None
-
-
-def _refuse_deep(im, path: str, what: str, crop_id: str) -> None:
-    if im.mode in ("I", "F") or im.mode.startswith("I;"):
-        raise TableError(
-            f"{what} {path!r} (id {crop_id!r}) has Pillow mode {im.mode!r} (32-bit integer, float or signed pixels); "
-            "expected an 8-bit or 16-bit image"
-        )
-
-
-def read_crop(path: str, crop_id: str) -> np.ndarray:
-    """(H, W, 3) uint8 pixels of a crop; 16-bit grey is scaled by 255 / 65535 and rounded."""
-    with _open(path, "crop image", crop_id) as im:
-        v = _grey16(im)
-        if v is not None:
-            g = ((v * 255 + 32767) // 65535).astype(np.uint8)
-            return np.repeat(g[:, :, None], 3, axis=2)
-        _refuse_deep(im, path, "crop image", crop_id)
-        return np.asarray(im.convert("RGB"))
-
-
 def _read_mask(path: str, crop_id: str) -> np.ndarray:
     """(H, W) bool mask: foreground where the value is above half the scale (127 of 255)."""
-    with _open(path, "mask", crop_id) as im:
-        v = _grey16(im)
+    with open_image(path, "mask", crop_id) as im:
+        v = grey16(im)
         if v is not None:
             full, top = 65535, int(v.max(initial=0))
             m = v * 2 > full
         else:
-            _refuse_deep(im, path, "mask", crop_id)
+            refuse_deep(im, path, "mask", crop_id)
             g = np.asarray(im.convert("L"))
             full, top = 255, int(g.max(initial=0))
             m = g > 127

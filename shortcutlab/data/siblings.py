@@ -45,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -109,6 +110,8 @@ _HASH = 8  # hash side: 8 x 8 = 64 bits
 _SIZE = 32  # imagehash's img_size = hash_size * highfreq_factor
 _PRECISION_BITS = 32 - 8 - 2  # Pillow's Resample.c, 8 bits per channel
 _CHUNK = 2048  # images resized at once (float64 temporaries ~ 70 MB at 64 x 64)
+_SEARCH_PAIRS = 1 << 15  # candidate pairs checked at once: a few MB of temporaries (dedup's default,
+# 2**20, held 100 MB, more than all else the command keeps at 20,000 images), no slower
 
 
 class SiblingError(ShortcutlabError):
@@ -239,11 +242,17 @@ _BIT_WEIGHTS = (np.uint64(1) << np.arange(63, -1, -1, dtype=np.uint64)).reshape(
 def _lowfreq(grey: np.ndarray, transposed: bool = False) -> np.ndarray:
     """(N, 8, 8) lowest DCT-II coefficients of the resized images, as imagehash computes them
     (with `transposed`: of the transposed images)."""
-    import scipy.fftpack  # imagehash's own DCT, so that median ties fall the same way
-
     r = _resize32(grey, transposed)
     if transposed:
         r = np.swapaxes(r, 1, 2)
+    return _dct_lowfreq(r)
+
+
+def _dct_lowfreq(thumbs: np.ndarray) -> np.ndarray:
+    """(N, 32, 32) resized grey levels -> (N, 8, 8) lowest DCT-II coefficients (imagehash's)."""
+    import scipy.fftpack  # imagehash's own DCT, so that median ties fall the same way
+
+    r = thumbs if thumbs.dtype == np.float64 else thumbs.astype(np.float64)
     return scipy.fftpack.dct(scipy.fftpack.dct(r, axis=1), axis=2)[:, :_HASH, :_HASH]
 
 
@@ -298,23 +307,29 @@ def _hash_all(images, variants: bool) -> np.ndarray:
             if not variants:
                 out[rows, 0] = _pack(low)
                 continue
-            low_t = _lowfreq(grey, transposed=True)
-            su, sv = _SIGN[:, None], _SIGN[None, :]
-            stack = np.stack(
-                [
-                    low,  # identity
-                    low_t * su,  # rot90 = flip_ud(x.T)
-                    low * (su * sv),  # rot180
-                    low_t * sv,  # rot270 = flip_lr(x.T)
-                    low * sv,  # flip_lr
-                    low * su,  # flip_ud
-                    low_t,  # transpose
-                    low_t * (su * sv),  # antitranspose = rot180(x.T)
-                ],
-                axis=1,
-            )
-            out[rows] = _pack(stack)
+            out[rows] = _pack_variants(low, _lowfreq(grey, transposed=True))
     return out
+
+
+def _pack_variants(low: np.ndarray, low_t: np.ndarray) -> np.ndarray:
+    """(N, 8) hashes in `TRANSFORMS` order from the (N, 8, 8) low frequencies of the images
+    (`low`) and of their transposes (`low_t`): flipping rows (columns) multiplies coefficient
+    (u, v) by (-1)^u ((-1)^v)."""
+    su, sv = _SIGN[:, None], _SIGN[None, :]
+    stack = np.stack(
+        [
+            low,  # identity
+            low_t * su,  # rot90 = flip_ud(x.T)
+            low * (su * sv),  # rot180
+            low_t * sv,  # rot270 = flip_lr(x.T)
+            low * sv,  # flip_lr
+            low * su,  # flip_ud
+            low_t,  # transpose
+            low_t * (su * sv),  # antitranspose = rot180(x.T)
+        ],
+        axis=1,
+    )
+    return _pack(stack)
 
 
 def phash_images(images) -> np.ndarray:
@@ -433,7 +448,7 @@ def search_hashes(train_hashes: np.ndarray, test_variants: np.ndarray, threshold
     sentinel = np.iinfo(np.int64).max
     best = np.full(n_test, sentinel, dtype=np.int64)
     pair_keys = []
-    for i8, j, d in near_duplicate_batches_between(test_variants.ravel(), train_hashes, t):
+    for i8, j, d in near_duplicate_batches_between(test_variants.ravel(), train_hashes, t, batch_pairs=_SEARCH_PAIRS):
         i, g = i8 // k, i8 % k
         np.minimum.at(best, i, (d * n_train + j) * k + g)
         pair_keys.append(np.unique(i * n_train + j))
@@ -509,7 +524,11 @@ class _Detail:
         from scipy.ndimage import gaussian_filter
 
         x = np.asarray(image)
-        sat = ((x.max(axis=-1) >= 255) | (x.min(axis=-1) <= 0)) if x.ndim == 3 else ((x >= 255) | (x <= 0))
+        if x.ndim == 3:  # channel by channel: numpy reduces a length-3 last axis ~20x slower
+            channels = [x[..., c] for c in range(x.shape[-1])]
+            sat = (functools.reduce(np.maximum, channels) >= 255) | (functools.reduce(np.minimum, channels) <= 0)
+        else:
+            sat = (x >= 255) | (x <= 0)
         grey = _grey_float(x)
         fine, coarse = detail_band(grey.shape)
         d = gaussian_filter(grey, fine, mode="reflect") - gaussian_filter(grey, coarse, mode="reflect")
@@ -560,7 +579,7 @@ def candidate_pairs(train_hashes: np.ndarray, test_variants: np.ndarray, thresho
     train_hashes = np.asarray(train_hashes, dtype=np.uint64).reshape(-1)
     test_variants = np.asarray(test_variants, dtype=np.uint64)
     k = test_variants.shape[1]
-    parts = [(i8 // k, j, d, i8 % k) for i8, j, d in near_duplicate_batches_between(test_variants.ravel(), train_hashes, t)]
+    parts = [(i8 // k, j, d, i8 % k) for i8, j, d in near_duplicate_batches_between(test_variants.ravel(), train_hashes, t, batch_pairs=_SEARCH_PAIRS)]
     if not parts:
         return tuple(np.zeros(0, dtype=np.int64) for _ in range(4))
     i, j, d, g = (np.concatenate([p[c] for p in parts]).astype(np.int64) for c in range(4))
@@ -576,7 +595,11 @@ def candidate_pairs(train_hashes: np.ndarray, test_variants: np.ndarray, thresho
 _MAX_CANDIDATES = 256  # candidates of one test image checked, nearest first
 
 
-def confirm_candidates(result: SiblingResult, candidates, test_image, train_image, confirm: float = DEFAULT_CONFIRM) -> SiblingResult:
+_DETAIL_CACHE_BYTES = 16 << 20  # training images' detail maps kept for reuse (~70 KB each at 64 px)
+
+
+def confirm_candidates(result: SiblingResult, candidates, test_image, train_image, confirm: float = DEFAULT_CONFIRM,
+                       workers: int | None = None) -> SiblingResult:
     """Confirm hash candidates by the detail correlation of the aligned pair.
 
     For each test image its candidates (`candidate_pairs`) are checked nearest first (at most
@@ -585,7 +608,9 @@ def confirm_candidates(result: SiblingResult, candidates, test_image, train_imag
     pair's hash distance. Many distinct crops can
     share a hash with a copy's source (58 within 0 bits on the 32 px synthetic benchmark), so
     the hash-nearest one need not be the source. The image counts as having a sibling when
-    that correlation reaches `confirm`. Images are fetched by index.
+    that correlation reaches `confirm`. Images are fetched by index (``test_image(i)``,
+    ``train_image(j)``, called from `workers` threads, default `default_workers`), so they need
+    not be in memory; at most `_DETAIL_CACHE_BYTES` of training detail maps are kept.
     """
     confirm = check_confirm(confirm)
     ci, cj, cd, cg = candidates
@@ -593,13 +618,22 @@ def confirm_candidates(result: SiblingResult, candidates, test_image, train_imag
     detail = np.full(len(nearest), np.nan)
     bounds = np.searchsorted(ci, np.arange(len(nearest) + 1))
     cache: dict = {}
+    held = [0]
 
     def train_detail(j):
-        if j not in cache:
-            cache[j] = _Detail.of(train_image(int(j)))
-        return cache[j]
+        got = cache.get(j)
+        if got is None:
+            got = _Detail.of(train_image(int(j)))
+            size = got.d.nbytes + got.sat.nbytes + (0 if got.unit is None else got.unit.nbytes)
+            if held[0] + size > _DETAIL_CACHE_BYTES:
+                cache.clear()  # a pure function of j: dropping entries changes nothing but time
+                held[0] = 0
+            cache[j] = got
+            held[0] += size
+        return got
 
-    for i in np.flatnonzero(bounds[1:] > bounds[:-1]):
+    def best(i):
+        """(candidate position, transform, correlation) of test image i's best pair, or None."""
         det = _Detail.of(test_image(int(i)))
         # every transform, not only the hash's: a near-symmetric crop hashes alike under several
         variants = [det.transformed(g) for g in range(len(TRANSFORMS))]
@@ -614,10 +648,15 @@ def confirm_candidates(result: SiblingResult, candidates, test_image, train_imag
                 r[row, int(cg[k])] = detail_correlation(test_image(int(i)), train_image(int(cj[k])), int(cg[k]))
         r[~np.isfinite(r)] = -np.inf
         if not np.isfinite(r).any():
-            continue
+            return None
         row, g = np.unravel_index(int(np.argmax(r)), r.shape)  # first maximum: nearest candidate
-        k = ks[row]
-        nearest[i], distance[i], transform[i], detail[i] = cj[k], cd[k], g, r[row, g]
+        return ks[row], g, r[row, g]
+
+    todo = np.flatnonzero(bounds[1:] > bounds[:-1])
+    for i, got in zip(todo, map_in_threads(best, todo, workers)):
+        if got is not None:
+            k, g, value = got
+            nearest[i], distance[i], transform[i], detail[i] = cj[k], cd[k], g, value
     return replace(result, nearest=nearest, distance=distance, transform=transform, detail=detail, confirm=confirm)
 
 
@@ -627,14 +666,30 @@ def _unit(d: np.ndarray) -> np.ndarray | None:
     return None if n < 1e-6 * d.size else d / n
 
 
+_TEST_BLOCK = 1 << 15  # test images searched at once: the multi-index over their eight hashes
+# costs ~0.9 KB per test image, so a block bounds it (each test image's answer is its own)
+
+
 def search_confirmed(train_hashes, test_variants, threshold: int, test_image, train_image,
                      confirm: float | None = DEFAULT_CONFIRM) -> SiblingResult:
     """`search_hashes`, then (unless `confirm` is None) `confirm_candidates` over every
-    candidate pair."""
-    res = search_hashes(train_hashes, test_variants, threshold)
-    if confirm is None:
-        return res
-    return confirm_candidates(res, candidate_pairs(train_hashes, test_variants, threshold), test_image, train_image, confirm)
+    candidate pair; the test images in blocks of `_TEST_BLOCK` (the same result as one block:
+    every test image's nearest training image, distance and candidates are its own)."""
+    test_variants = np.asarray(test_variants, dtype=np.uint64)
+    parts = []
+    for lo in range(0, max(len(test_variants), 1), _TEST_BLOCK):
+        block = test_variants[lo : lo + _TEST_BLOCK]
+        res = search_hashes(train_hashes, block, threshold)
+        if confirm is not None:
+            res = confirm_candidates(res, candidate_pairs(train_hashes, block, threshold),
+                                     lambda i, lo=lo: test_image(i + lo), train_image, confirm)
+        parts.append(res)
+    if len(parts) == 1:
+        return parts[0]
+    joined = {name: np.concatenate([getattr(p, name) for p in parts]) for name in ("nearest", "distance", "transform", "n_siblings")}
+    if confirm is not None:
+        joined["detail"] = np.concatenate([p.detail for p in parts])
+    return replace(parts[0], **joined)
 
 
 def check_ssim_min(value) -> float | None:
@@ -715,8 +770,7 @@ class ImageSet:
 
 def read_image(path: str, image_id: str) -> np.ndarray:
     """(H, W, 3) uint8 pixels of one image file (16-bit grey scaled as `data.load_crops`)."""
-    from shortcutlab.data.images import read_crop
-
+    from shortcutlab.data.image_files import read_crop
     from shortcutlab.paths import need_file
 
     need_file(path, "image file", SiblingError, f" (id {image_id!r})")
@@ -728,15 +782,17 @@ def images_in_folder(folder: str) -> ImageSet:
     from shortcutlab.paths import need_folder
 
     need_folder(folder, "image folder", SiblingError)
-    found = []
+    found, ids = [], []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
+        rel = os.path.relpath(root, folder)  # once per folder: per file it cost more than the walk
         for f in sorted(files):
             if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."):
                 found.append(os.path.join(root, f))
+                ids.append(f if rel == os.curdir else os.path.join(rel, f))
     if not found:
         raise SiblingError(f"image folder {folder!r} holds no image files ({', '.join(IMAGE_EXTENSIONS)}, searched recursively)")
-    return ImageSet([os.path.relpath(p, folder) for p in found], found, folder)
+    return ImageSet(ids, found, folder)
 
 
 def _read_csv(path: str):
@@ -810,13 +866,90 @@ def resolve_inputs(train: str, test: str | None, image: str = "path", id: str = 
     return one(train), one(test), "folders or manifests"
 
 
-def hash_image_set(images: ImageSet, variants: bool) -> np.ndarray:
-    """(N,) pHashes or (N, 8) dihedral hashes of an image set, read in chunks."""
-    out = []
-    for lo in range(0, len(images), _CHUNK):
-        batch = [images.read(k) for k in range(lo, min(lo + _CHUNK, len(images)))]
-        out.append(dihedral_hashes(batch) if variants else phash_images(batch))
-    return np.concatenate(out)
+_FILE_TASK = 64  # images per thread-pool task (a future per image would cost as much as its hash)
+_TASK_PIXELS = 1 << 18  # grey pixels a worker resizes at once: float64 temporaries of ~10 MB
+
+
+def default_workers() -> int:
+    """Decoding threads: the cores this process may use, at most 8. Pillow releases the GIL
+    while it decodes and converts, and numpy while it multiplies matrices; Python's share of
+    the work does not scale."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
+def map_in_threads(fn, items, workers: int | None = None) -> list:
+    """``[fn(x) for x in items]`` run by `workers` threads (default `default_workers`), in order.
+
+    The first error is raised as soon as its turn comes, and the tasks not yet started are
+    cancelled: a bad file early in a million does not wait for the rest to be hashed.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(default_workers() if workers is None else max(1, int(workers)))
+    try:
+        out = list(pool.map(fn, items))
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return out
+
+
+def _hash_files(images: ImageSet, ks: range, variants: bool) -> np.ndarray:
+    """(len(ks), 8 or 1) hashes of the files `ks` of `images`, as `dihedral_hashes` /
+    `phash_images` of their pixels (`read_image`). Runs in a worker thread.
+
+    Each file is decoded to its grey levels (Pillow's ``convert("L")``, as ``imagehash``
+    does); images of one shape are resized together as soon as `_TASK_PIXELS` are waiting,
+    so a worker holds a few decoded images at a time, whatever their number and size.
+    """
+    from shortcutlab.data.image_files import read_grey
+    from shortcutlab.paths import need_file
+
+    out = np.zeros((len(ks), 8 if variants else 1), dtype=np.uint64)
+    waiting: dict[tuple, list] = {}
+
+    def flush():
+        for items in waiting.values():
+            rows = [r for r, _ in items]
+            grey = np.stack([g for _, g in items]).astype(np.float64)
+            low = _lowfreq(grey)
+            out[rows] = _pack_variants(low, _lowfreq(grey, transposed=True)) if variants else _pack(low)[:, None]
+        waiting.clear()
+
+    held = 0
+    for row, k in enumerate(ks):
+        path, image_id = images.paths[k], images.ids[k]
+        need_file(path, "image file", SiblingError, f" (id {image_id!r})")
+        grey = np.asarray(read_grey(path, image_id))
+        waiting.setdefault(grey.shape, []).append((row, grey))
+        held += grey.size
+        if held >= _TASK_PIXELS:
+            flush()
+            held = 0
+    flush()
+    return out
+
+
+def hash_image_set(images: ImageSet, variants: bool, workers: int | None = None) -> np.ndarray:
+    """(N,) pHashes or (N, 8) dihedral hashes of an image set's files, streamed.
+
+    Files are decoded and hashed by `workers` threads (default `default_workers`), 64 files
+    per task; a worker turns each decoded image into its hashes within a few images, so memory
+    holds the hashes and a few decoded images per worker, never the image set. The hashes
+    equal `phash_images` / `dihedral_hashes` of `read_image` of every file (tested), which
+    equal ``imagehash.phash``. No reduced decoding (Pillow's JPEG draft mode, `Image.reduce`):
+    it changes the pixels the 32 x 32 thumbnail is made from, and so the hash's bits.
+    """
+    n = len(images)
+    tasks = [range(a, min(a + _FILE_TASK, n)) for a in range(0, n, _FILE_TASK)]
+    parts = map_in_threads(lambda ks: _hash_files(images, ks, variants), tasks, workers)
+    out = np.concatenate(parts) if parts else np.zeros((0, 8 if variants else 1), dtype=np.uint64)
+    return out if variants else out[:, 0]
 
 
 def _same_images(a: ImageSet, b: ImageSet) -> bool:
@@ -893,7 +1026,6 @@ def run(train: str, test: str | None, out: str, *, threshold: int | None = None,
         res = with_ssim(res, te.read, tr.read, ssim_min)
     seconds = time.perf_counter() - start
     found = res.nearest >= 0
-    frame = _pairs_frame(res, tr, te)
     by_transform = {TRANSFORMS[g]: int(((res.transform == g) & res.is_sibling).sum()) for g in range(8)}
     summary = {
         "share": res.share,
@@ -917,34 +1049,49 @@ def run(train: str, test: str | None, out: str, *, threshold: int | None = None,
     shown = _sheet_pairs(res, tr, te, n_sheet)
     title = f"closest test | training pairs: {len(test_idx)} of {len(te)} test images have a sibling (<= {t} bits)"
     with atomic_files() as stage:
-        frame.to_csv(stage.path(os.path.join(out, "siblings.csv")), index=False)
+        _write_pairs(res, tr, te, stage.path(os.path.join(out, "siblings.csv")))
         contact_sheet(shown, stage.path(os.path.join(out, "contact_sheet.png")), title=title)
         with open(stage.path(os.path.join(out, "siblings.json")), "w", encoding="utf-8") as f:
             f.write(to_json(summary))
     return summary
 
 
-def _pairs_frame(res, tr, te):
-    """siblings.csv: one row per test image with its nearest training image (empty where none
-    is within the threshold), distance, transform, sibling count, the confirmation figures
-    and ``is_sibling``."""
-    import pandas as pd
+PAIRS_COLUMNS = ("test_id", "test_path", "train_id", "train_path", "distance", "transform", "n_train_siblings")
+"""siblings.csv's leading columns; ``ssim`` and ``detail_correlation`` follow when computed,
+then ``is_sibling``."""
 
-    found = res.nearest >= 0
-    frame = pd.DataFrame({
-        "test_id": te.ids, "test_path": te.paths,
-        "train_id": [tr.ids[j] if j >= 0 else "" for j in res.nearest],
-        "train_path": [tr.paths[j] if j >= 0 else "" for j in res.nearest],
-        "distance": pd.Series(res.distance, dtype="Int64").where(found),
-        "transform": [TRANSFORMS[g] if g >= 0 else "" for g in res.transform],
-        "n_train_siblings": res.n_siblings,
-    })
-    if res.ssim is not None:
-        frame["ssim"] = np.round(res.ssim, 4)
-    if res.detail is not None:
-        frame["detail_correlation"] = np.round(res.detail, 4)
-    frame["is_sibling"] = res.is_sibling
-    return frame
+
+def _pair_rows(res, tr, te):
+    """siblings.csv's rows: one per test image with its nearest training image (empty where
+    none is within the threshold), distance, transform, sibling count, the confirmation
+    figures (rounded to 4 decimals, empty where not computed) and ``is_sibling``."""
+
+    def fig(v):
+        return "" if not np.isfinite(v) else float(np.round(v, 4))
+
+    sib = res.is_sibling
+    for i in range(len(res.nearest)):
+        j = int(res.nearest[i])
+        row = [te.ids[i], te.paths[i], tr.ids[j] if j >= 0 else "", tr.paths[j] if j >= 0 else "",
+               int(res.distance[i]) if j >= 0 else "", TRANSFORMS[res.transform[i]] if res.transform[i] >= 0 else "",
+               int(res.n_siblings[i])]
+        if res.ssim is not None:
+            row.append(fig(res.ssim[i]))
+        if res.detail is not None:
+            row.append(fig(res.detail[i]))
+        row.append(bool(sib[i]))
+        yield row
+
+
+def _write_pairs(res, tr, te, path: str) -> None:
+    """Write siblings.csv row by row (the csv module: no frame of every test image is built)."""
+    import csv
+
+    header = list(PAIRS_COLUMNS) + (["ssim"] if res.ssim is not None else []) + (["detail_correlation"] if res.detail is not None else [])
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header + ["is_sibling"])
+        w.writerows(_pair_rows(res, tr, te))
 
 
 def _sheet_pairs(res, tr, te, n_sheet: int) -> list[tuple]:
