@@ -247,3 +247,29 @@ def test_duckdb_engine_split_leaves_only_the_manifest(tmp_path):
     assert read_sidecar(str(tmp_path / "out" / "m.parquet"))["engine"] == "duckdb" == rec["engine"]
     n = sum(len(pd.read_parquet(tmp_path / "out" / "m.parquet" / f"split={s}")) for s in ("train", "val", "test"))
     assert n == len(df) == rec["n_rows"]
+
+
+def test_cli_engine_duckdb_split_verify_and_audit(tmp_path, capsys):
+    """`split --engine duckdb` writes a manifest folder whose hash `verify` recomputes and
+    that `audit --split` reads; `audit --engine duckdb --json` gives the in-memory figures."""
+    pytest.importorskip("duckdb")
+    import json
+
+    from shortcutlab.cli import main
+
+    df = random_table(300, 4.0, 3, seed=9)
+    path = tmp_path / "t.parquet"
+    df.to_parquet(path, index=False)
+    table = [str(path), "--id", "id", "--label", "label", "--parent", "parent", "--box", "x,y,w,h"]
+    out = tmp_path / "m.parquet"
+    assert main(["split", *table, "--protocol", "parent", "--val-fraction", "0.1", "--seed", "4", "--out", str(out),
+                 "--engine", "duckdb", "--memory-limit", "300MB", "--threads", "1"]) == 0
+    t = CropTable.from_frame(df, id="id", box="x,y,w,h")
+    want = make_split(t, "parent", val_fraction=0.1, seed=4)
+    assert f"sha256 {want.hash}" in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0 and f"OK {want.hash}" in capsys.readouterr().out
+    assert main(["audit", *table, "--split", str(out), "--json", str(tmp_path / "mem.json")]) == 0
+    assert main(["audit", *table, "--engine", "duckdb", "--json", str(tmp_path / "duck.json")]) == 0
+    mem, duck = (json.loads((tmp_path / f).read_text()) for f in ("mem.json", "duck.json"))
+    assert mem["split"]["sha256"] == want.hash
+    _same_audit(duck, mem)

@@ -255,7 +255,7 @@ class DuckDBEngine(Engine):
         try:
             described = con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()
         except duckdb.Error as e:
-            raise TableError(f"table file {path!r} is not a readable {'Parquet' if parquet else 'CSV'} file: {' '.join(str(e).split())}") from None
+            raise TableError(f"table file {path!r} is not a readable {'Parquet' if parquet else 'CSV'} file: {str(e).strip().splitlines()[0]}") from None
         types = {row[0]: row[1] for row in described}
         cols = _Columns(source, types, parquet)
         # Checked through a view that trims every text value; the view the work reads trims
@@ -370,7 +370,7 @@ def _first_row(con, cond: str, shown: str | None, path: str) -> str:
     where = f"{os.path.basename(f)} row {r}" if r is not None else path
     if i not in (None, ""):
         where += f" (id {i!r})"
-    return where + (f": {v!r}" if shown else "")
+    return where + ((f": {v!r}" if v is not None else ": empty") if shown else "")
 
 
 # -------------------------------------------------------------------- counts and overlap
