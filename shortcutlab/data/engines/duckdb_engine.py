@@ -231,12 +231,15 @@ class DuckDBEngine(Engine):
             raise EngineError(f"threads must be a positive integer, got {threads!r}")
 
     # ---------------------------------------------------------------- connection
+    def _threads(self) -> int:
+        if self.threads is not None:
+            return self.threads
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
     def _connect(self, spill: str):
         duckdb = _require_duckdb()
         con = duckdb.connect(":memory:")
-        threads = self.threads
-        if threads is None:
-            threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = self._threads()
         try:
             con.execute(f"SET memory_limit = {_literal(self.memory_limit)}")
         except duckdb.Error as e:
@@ -282,7 +285,7 @@ class DuckDBEngine(Engine):
             n_groups = _one(con, "SELECT count(DISTINCT grp) FROM crops")[0] if "group" in cols.wanted else None
             pix = share = None
             if cols.geometry():
-                m_values, n_with = overlap_histogram(con, self.batch_rows)
+                m_values, n_with = overlap_histogram(con, self.batch_rows, workers=self._threads())
                 pix = pixel_overlap_from_counts(m_values, q, n_crops=n_with)
                 share = float(n_with[m_values > 0].sum() / n_with.sum())
             con.close()
@@ -386,15 +389,33 @@ def unit_class_counts(con, unit: str) -> tuple[np.ndarray, np.ndarray, tuple[str
     return V, np.asarray(units, dtype=object), tuple(str(c) for c in classes)
 
 
-def overlap_histogram(con, batch_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def overlap_histogram(con, batch_rows: int, workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Values of m (same-parent crops whose box intersects a crop's) and the crops holding
     each, from boxes streamed in parent order; the crops of the last parent of a batch wait
-    for the next batch, so m is always counted over whole parents."""
+    for the next batch, so m is always counted over whole parents. Up to `workers` batches
+    are counted at once (numpy releases the GIL), at most 2 x `workers` held."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    hist = np.zeros(1, dtype=np.int64)
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for codes, boxes in _whole_parent_batches(con, batch_rows):
+            pending.append(pool.submit(_histogram, codes, boxes))
+            while len(pending) > 2 * max(1, workers):
+                hist = _add(hist, pending.popleft().result())
+        while pending:
+            hist = _add(hist, pending.popleft().result())
+    values = np.flatnonzero(hist)
+    return values, hist[values]
+
+
+def _whole_parent_batches(con, batch_rows: int):
+    """(codes, boxes) of batches of whole parents: parent runs numbered from 0, (n, 4) boxes."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     reader = con.sql("SELECT parent, x, y, w, h FROM crops ORDER BY parent").to_arrow_reader(batch_rows)
-    hist = np.zeros(1, dtype=np.int64)
     carry_parent, carry_boxes = None, np.zeros((0, 4))
     for batch in reader:
         parent = batch.column(0)
@@ -406,18 +427,18 @@ def overlap_histogram(con, batch_rows: int) -> tuple[np.ndarray, np.ndarray]:
         new_run = pc.not_equal(parent.slice(1), parent.slice(0, n - 1)).to_numpy(zero_copy_only=False) if n > 1 else np.zeros(0, bool)
         codes = np.r_[0, np.cumsum(new_run)]
         cut = int(np.searchsorted(codes, codes[-1]))  # first crop of the last parent
-        hist = _add_histogram(hist, codes[:cut], boxes[:cut])
+        if cut:
+            yield codes[:cut], boxes[:cut]
         carry_parent, carry_boxes = parent.slice(cut), boxes[cut:]
-    if carry_parent is not None:
-        hist = _add_histogram(hist, np.zeros(len(carry_parent), dtype=np.int64), carry_boxes)
-    values = np.flatnonzero(hist)
-    return values, hist[values]
+    if carry_parent is not None and len(carry_parent):
+        yield np.zeros(len(carry_parent), dtype=np.int64), carry_boxes
 
 
-def _add_histogram(hist: np.ndarray, codes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    if len(codes) == 0:
-        return hist
-    add = np.bincount(overlap_counts_by_parent(codes, boxes))
+def _histogram(codes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    return np.bincount(overlap_counts_by_parent(codes, boxes))
+
+
+def _add(hist: np.ndarray, add: np.ndarray) -> np.ndarray:
     if len(add) > len(hist):
         hist = np.concatenate([hist, np.zeros(len(add) - len(hist), dtype=np.int64)])
     hist[: len(add)] += add
