@@ -24,6 +24,7 @@ import glob
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import pandas as pd
@@ -215,6 +216,10 @@ class DuckDBEngine(Engine):
         temp_directory: where DuckDB spills (default: a temporary folder beside the split's
             output folder, or in the system's temporary folder for an audit); removed after.
         batch_rows: rows per streamed batch of boxes or manifest rows.
+
+    Attributes:
+        timings_: seconds per step of the last `audit` or `split` (validation, counts,
+            overlap, manifest), for benchmarks.
     """
 
     protocols = ("parent",)
@@ -225,12 +230,19 @@ class DuckDBEngine(Engine):
         self.threads = threads
         self.temp_directory = temp_directory
         self.batch_rows = int(batch_rows)
+        self.timings_: dict[str, float] = {}
         if self.batch_rows < 1:
             raise EngineError(f"batch_rows must be a positive integer, got {batch_rows!r}")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise EngineError(f"threads must be a positive integer, got {threads!r}")
 
     # ---------------------------------------------------------------- connection
+    def _timed(self, step: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.timings_[step] = round(time.perf_counter() - t0, 3)
+        return out
+
     def _threads(self) -> int:
         if self.threads is not None:
             return self.threads
@@ -264,9 +276,9 @@ class DuckDBEngine(Engine):
         # Checked through a view that trims every text value; the view the work reads trims
         # only the columns that hold a value to trim (a regular expression per value, saved).
         con.execute(f"CREATE VIEW crops AS SELECT {cols.select()} FROM {scan}")
-        cols.padded = _validate_values(con, cols, path)
+        cols.padded = self._timed("check values", _validate_values, con, cols, path)
         con.execute(f"CREATE OR REPLACE VIEW crops AS SELECT {cols.select()} FROM {scan}")
-        _validate_keys(con, cols, path)
+        self._timed("check ids and groups", _validate_keys, con, cols, path)
         return cols
 
     def _spill_dir(self, beside: str | None) -> str:
@@ -277,15 +289,16 @@ class DuckDBEngine(Engine):
     # ---------------------------------------------------------------- audit
     def audit(self, source: TableSource, test_fraction: float = 0.2) -> dict:
         q = check_q(test_fraction)
+        self.timings_ = {}
         spill = self._spill_dir(None)
         try:
             con = self._connect(spill)
             cols = self._open(con, source)
-            V, _, _ = unit_class_counts(con, "parent")
+            V, _, _ = self._timed("counts", unit_class_counts, con, "parent")
             n_groups = _one(con, "SELECT count(DISTINCT grp) FROM crops")[0] if "group" in cols.wanted else None
             pix = share = None
             if cols.geometry():
-                m_values, n_with = overlap_histogram(con, self.batch_rows, workers=self._threads())
+                m_values, n_with = self._timed("overlap", overlap_histogram, con, self.batch_rows, workers=self._threads())
                 pix = pixel_overlap_from_counts(m_values, q, n_crops=n_with)
                 share = float(n_with[m_values > 0].sum() / n_with.sum())
             con.close()
@@ -301,6 +314,7 @@ class DuckDBEngine(Engine):
     def split(self, source: TableSource, out: str, protocol: str = "parent", test_fraction: float = 0.2,
               val_fraction: float = 0.0, seed: int = 0, unit: str = "parent") -> dict:
         check_protocol(self, protocol)
+        self.timings_ = {}
         unit = "group" if unit in ("group", "patient") else unit
         if unit not in ("parent", "group"):
             raise EngineError(f"split unit must be 'parent' or 'group', got {unit!r}")
@@ -313,11 +327,11 @@ class DuckDBEngine(Engine):
             cols = self._open(con, source)
             if unit == "group" and "group" not in cols.wanted:
                 raise TableError("this table has no group (patient) column; pass --group COL")
-            V, names, classes = unit_class_counts(con, unit)
+            V, names, classes = self._timed("counts", unit_class_counts, con, unit)
             side_u = unit_sides_from_counts(V, test_fraction, val_fraction, seed)
             report = parent_split_report(V, side_u, classes, test_fraction, val_fraction, unit)
             with atomic_dir(out, kind=MANIFEST_KIND, names=MANIFEST_ENTRIES) as tmp:
-                digest, n_rows = _write_manifest(con, unit, names, side_u, tmp, self.batch_rows)
+                digest, n_rows = _write_manifest(con, unit, names, side_u, tmp, self.batch_rows, self._timed)
             con.close()
         finally:
             shutil.rmtree(spill, ignore_errors=True)
@@ -445,15 +459,20 @@ def _add(hist: np.ndarray, add: np.ndarray) -> np.ndarray:
     return hist
 
 
-def _write_manifest(con, unit: str, names: np.ndarray, side_u: np.ndarray, folder: str, batch_rows: int) -> tuple[str, int]:
+def _write_manifest(con, unit: str, names: np.ndarray, side_u: np.ndarray, folder: str, batch_rows: int, timed) -> tuple[str, int]:
     """Every crop's side by a join on its unit, written as ``split=<side>/`` Parquet folders
     in `folder`; then the content hash streamed from those files in id order."""
     key = "parent" if unit == "parent" else "grp"
     sides = pd.DataFrame({"unit": pd.Series(names, dtype=object), "split": np.array(_SIDE_NAMES, dtype=object)[side_u]})
     con.register("unit_sides", sides)
-    con.execute(f"COPY (SELECT c.id, s.split FROM crops c JOIN unit_sides s ON c.{key} = s.unit) TO {_literal(folder)} "
-                "(FORMAT parquet, PARTITION_BY (split), OVERWRITE_OR_IGNORE true)")
+    timed("write manifest", con.execute, f"COPY (SELECT c.id, s.split FROM crops c JOIN unit_sides s ON c.{key} = s.unit) "
+          f"TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (split), OVERWRITE_OR_IGNORE true)")
     con.unregister("unit_sides")
+    return timed("hash", _hash_manifest, con, folder, batch_rows)
+
+
+def _hash_manifest(con, folder: str, batch_rows: int) -> tuple[str, int]:
+    """The content hash of the manifest files in `folder` (read back in id order) and their rows."""
     files = os.path.join(folder, "split=*", "*.parquet")
     hasher = ContentHasher(["id", "split"])
     reader = con.sql(f"SELECT id || chr(9) || split || chr(10) AS line FROM read_parquet({_literal(files)}, hive_partitioning=true) "
