@@ -3592,6 +3592,12 @@ from shortcutlab.data.engines import TableSource as _TableSource  # noqa: E402
 from shortcutlab.data.engines import get_engine as _get_engine  # noqa: E402
 
 
+def _manifest_verify(path, expected):
+    from shortcutlab.data.manifest import verify
+
+    return verify(path, expected)
+
+
 def _i25d_audit(path, **cols):
     pytest.importorskip("duckdb")
     return _get_engine("duckdb", threads=1).audit(_TableSource(str(path), **cols))
@@ -3634,6 +3640,12 @@ I25D_CASES = [
     Case("i25d-memory-limit", lambda p: _get_engine("duckdb", memory_limit="lots").audit(_TableSource(str(_i25_parquet(p, _I25D_ONE)), id="id")),
          _EngineError, ("memory limit 'lots'", "2GB")),
     Case("i25d-unknown-engine", lambda p: _get_engine("duckbd"), _EngineError, ("unknown engine 'duckbd'", "did you mean 'duckdb'")),
+    Case("i25d-manifest-folder-repeats-an-id",
+         lambda p: (p.joinpath("m", "split=train").mkdir(parents=True), p.joinpath("m", "split=test").mkdir(),
+                    _pd.DataFrame({"id": ["a", "b"]}).to_parquet(p / "m" / "split=train" / "0.parquet"),
+                    _pd.DataFrame({"id": ["b"]}).to_parquet(p / "m" / "split=test" / "0.parquet"),
+                    _manifest_verify(p / "m", "0" * 64)),
+         SplitError, ("/m", "assigns a crop twice", "'b'")),
 ]
 
 
