@@ -3611,6 +3611,11 @@ I25D_CASES = [
     Case("i25d-duplicate-id",
          lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b", " a"], "label": "x", "parent": "p"})), id="id"),
          TableError, ("unique", "'a'", "row 0", "row 2")),
+    Case("i25d-split-duplicate-id",  # the split finds it in its id-ordered hash stream, and writes nothing
+         lambda p: _get_engine("duckdb", batch_rows=1).split(
+             _TableSource(str(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b", "c", " a"], "label": "x", "parent": ["p", "q", "r", "s"]}))),
+                          id="id"), str(p / "m")),
+         TableError, ("unique", "'a'", "2 times", "row 0", "row 3")),
     Case("i25d-box-not-numeric",
          lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": "p", "x": ["1", "oops"],
                                                                "y": 0.0, "w": 5.0, "h": 5.0})), id="id", box="x,y,w,h"),

@@ -262,7 +262,7 @@ class DuckDBEngine(Engine):
         con.execute("SET enable_progress_bar = false")
         return con
 
-    def _open(self, con, source: TableSource) -> _Columns:
+    def _open(self, con, source: TableSource, check_ids: bool = True) -> _Columns:
         """Create the view ``crops`` (canonical columns) over `source` and validate it."""
         path = os.fspath(source.path)
         scan, parquet = _scan(path)
@@ -278,7 +278,7 @@ class DuckDBEngine(Engine):
         con.execute(f"CREATE VIEW crops AS SELECT {cols.select()} FROM {scan}")
         cols.padded = self._timed("check values", _validate_values, con, cols, path)
         con.execute(f"CREATE OR REPLACE VIEW crops AS SELECT {cols.select()} FROM {scan}")
-        self._timed("check ids and groups", _validate_keys, con, cols, path)
+        self._timed("check ids and groups", _validate_keys, con, cols, path, check_ids)
         return cols
 
     def _spill_dir(self, beside: str | None) -> str:
@@ -324,7 +324,7 @@ class DuckDBEngine(Engine):
         spill = self._spill_dir(beside)
         try:
             con = self._connect(spill)
-            cols = self._open(con, source)
+            cols = self._open(con, source, check_ids=False)
             if unit == "group" and "group" not in cols.wanted:
                 raise TableError("this table has no group (patient) column; pass --group COL")
             V, names, classes = self._timed("counts", unit_class_counts, con, unit)
@@ -332,6 +332,8 @@ class DuckDBEngine(Engine):
             report = parent_split_report(V, side_u, classes, test_fraction, val_fraction, unit)
             with atomic_dir(out, kind=MANIFEST_KIND, names=MANIFEST_ENTRIES) as tmp:
                 digest, n_rows = _write_manifest(con, unit, names, side_u, tmp, self.batch_rows, self._timed)
+                if digest is None:  # a repeated id, found in id order
+                    raise _repeated_id(con, n_rows, os.fspath(source.path))
             con.close()
         finally:
             shutil.rmtree(spill, ignore_errors=True)
@@ -366,17 +368,25 @@ def _validate_values(con, cols: _Columns, path: str) -> set[str]:
     return {k for k, n in zip(text, counts[len(checks):]) if n}
 
 
-def _validate_keys(con, cols: _Columns, path: str) -> None:
-    """The checks across rows: a repeated id, a parent in several groups."""
-    dup = _one(con, "SELECT id, count(*) AS n FROM crops GROUP BY id HAVING count(*) > 1 ORDER BY id LIMIT 1")
+def _validate_keys(con, cols: _Columns, path: str, ids: bool = True) -> None:
+    """The checks across rows: a repeated id (unless `ids` is False: the split finds one in
+    its id-ordered hash stream instead of a ``GROUP BY`` of its own), a parent in several
+    groups."""
+    dup = _one(con, "SELECT id FROM crops GROUP BY id HAVING count(*) > 1 ORDER BY id LIMIT 1") if ids else None
     if dup:
-        rows = con.execute(f"SELECT _file, _row FROM crops WHERE id = {_literal(dup[0])} ORDER BY _file, _row LIMIT 5").fetchall()
-        where = "; ".join(f"{os.path.basename(f)} row {r}" for f, r in rows if r is not None) or path
-        raise TableError(f"crop ids must be unique; id {dup[0]!r} repeats {dup[1]} times in {path} ({where})")
+        raise _repeated_id(con, dup[0], path)
     if "group" in cols.wanted:
         bad = _one(con, "SELECT parent, count(DISTINCT grp) FROM crops GROUP BY parent HAVING count(DISTINCT grp) > 1 ORDER BY parent LIMIT 1")
         if bad:
             raise TableError(f"parent {bad[0]!r} has crops in {bad[1]} different groups (patients) in {path}; a parent must belong to one group")
+
+
+def _repeated_id(con, crop_id: str, path: str) -> TableError:
+    """The error for an id on several rows, naming up to 5 of them."""
+    n = _one(con, f"SELECT count(*) FROM crops WHERE id = {_literal(crop_id)}")[0]
+    rows = con.execute(f"SELECT _file, _row FROM crops WHERE id = {_literal(crop_id)} ORDER BY _file, _row LIMIT 5").fetchall()
+    where = "; ".join(f"{os.path.basename(f)} row {r}" for f, r in rows if r is not None) or path
+    return TableError(f"crop ids must be unique; id {crop_id!r} repeats {n} times in {path} ({where})")
 
 
 def _first_row(con, cond: str, shown: str | None, path: str) -> str:
@@ -471,14 +481,25 @@ def _write_manifest(con, unit: str, names: np.ndarray, side_u: np.ndarray, folde
     return timed("hash", _hash_manifest, con, folder, batch_rows)
 
 
-def _hash_manifest(con, folder: str, batch_rows: int) -> tuple[str, int]:
-    """The content hash of the manifest files in `folder` (read back in id order) and their rows."""
+def _hash_manifest(con, folder: str, batch_rows: int) -> tuple[str | None, int | str]:
+    """The content hash of the manifest files in `folder` (read back in id order) and their
+    rows; (None, id) when an id repeats (adjacent in id order)."""
+    import pyarrow.compute as pc
+
     files = os.path.join(folder, "split=*", "*.parquet")
     hasher = ContentHasher(["id", "split"])
-    reader = con.sql(f"SELECT id || chr(9) || split || chr(10) AS line FROM read_parquet({_literal(files)}, hive_partitioning=true) "
+    reader = con.sql(f"SELECT id, id || chr(9) || split || chr(10) AS line FROM read_parquet({_literal(files)}, hive_partitioning=true) "
                      "ORDER BY id").to_arrow_reader(batch_rows)
-    n = 0
+    n, last = 0, None
     for batch in reader:
-        hasher.update_lines(batch.column(0))
+        ids = batch.column(0)
+        if len(ids) and last is not None and ids[0].as_py() == last:
+            return None, last
+        if len(ids) > 1:
+            same = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1))
+            if pc.any(same).as_py():
+                return None, ids[int(np.flatnonzero(same.to_numpy(zero_copy_only=False))[0])].as_py()
+        last = ids[len(ids) - 1].as_py() if len(ids) else last
+        hasher.update_lines(batch.column(1))
         n += batch.num_rows
     return hasher.hexdigest(), n
