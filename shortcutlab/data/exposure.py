@@ -99,8 +99,31 @@ def pixel_overlap(table: CropTable, test_fraction: float, counts: np.ndarray | N
         if not table.has_geometry:
             raise TableError("pixel overlap needs crop geometry: pass --box X,Y,W,H or --center CX,CY --crop-size S")
         counts = overlap_counts(table.n_crops, table.overlap_pairs)
-    m = np.asarray(counts, dtype=np.float64)
-    return float(np.mean(1.0 - q**m))
+    return pixel_overlap_from_counts(counts, q)
+
+
+def pixel_overlap_from_counts(counts: np.ndarray, test_fraction: float, n_crops: np.ndarray | None = None) -> float:
+    """``(1/N) sum_i (1 - q^(m_i))`` from the overlap counts m_i of all N crops (see
+    `overlap.overlap_counts_by_parent` to compute them one partition of parents at a time).
+
+    Args:
+        counts: (N,) m_i of every crop; or, with `n_crops`, distinct values of m.
+        test_fraction: q.
+        n_crops: optional crops holding each value of `counts` (a histogram of m, so an
+            out-of-core engine keeps one number per value of m, not one per crop).
+
+    Example:
+        >>> pixel_overlap_from_counts(np.array([1, 1, 0, 0]), 0.5)
+        0.25
+        >>> pixel_overlap_from_counts(np.array([0, 1]), 0.5, n_crops=np.array([2, 2]))
+        0.25
+    """
+    q = check_q(test_fraction)
+    terms = 1.0 - q ** np.asarray(counts, dtype=np.float64)
+    if n_crops is None:
+        return float(np.mean(terms))
+    w = np.asarray(n_crops, dtype=np.float64)
+    return float(np.sum(terms * w) / np.sum(w))
 
 
 @dataclass(frozen=True)

@@ -38,16 +38,84 @@ def content_hash(assignments: pd.DataFrame) -> str:
         64 hex digits.
     """
     cols = [c for c in _COLUMNS if c in assignments.columns]
-    frame = pd.DataFrame({c: assignments[c].astype(str).to_numpy(dtype=object) for c in cols})
     key = ["cell", "id"] if "cell" in cols else ["id"]
-    frame = frame.sort_values(key, kind="stable")
-    h = hashlib.sha256()
-    h.update(("\t".join(cols) + "\n").encode())
-    body = frame[cols[0]]
-    for c in cols[1:]:
-        body = body.str.cat(frame[c], sep="\t")
-    h.update(("\n".join(body.tolist()) + "\n").encode())
-    return h.hexdigest()
+    frame = pd.DataFrame({c: assignments[c].astype(str).to_numpy(dtype=object) for c in cols}).sort_values(key, kind="stable")
+    hasher = ContentHasher(cols)
+    hasher.update(frame)
+    return hasher.hexdigest()
+
+
+class ContentHasher:
+    """`content_hash` fed in batches, for manifests too large to hold: the rows must arrive
+    sorted by (cell,) id over all batches (an engine's ``ORDER BY id``), and the digest
+    then equals `content_hash` of their concatenation.
+
+    Args:
+        columns: the manifest's columns, in `content_hash`'s order (id, split[, cell][, level]).
+
+    Example:
+        >>> df = pd.DataFrame({"id": ["a", "b", "c"], "split": ["train", "test", "train"]})
+        >>> h = ContentHasher(["id", "split"])
+        >>> h.update(df.iloc[:1]); h.update(df.iloc[1:])
+        >>> h.hexdigest() == content_hash(df)
+        True
+    """
+
+    def __init__(self, columns=("id", "split")) -> None:
+        self.columns = [str(c) for c in columns]
+        unknown = [c for c in self.columns if c not in _COLUMNS]
+        if unknown or self.columns[:2] != ["id", "split"]:
+            raise SplitError(f"manifest hash columns must be id, split[, cell][, level]; got {self.columns}")
+        self._h = hashlib.sha256()
+        self._h.update(("\t".join(self.columns) + "\n").encode())
+
+    def update(self, rows) -> None:
+        """Add rows (a DataFrame, or a pyarrow Table or RecordBatch) holding `columns`,
+        in sorted order after the rows added before."""
+        if isinstance(rows, pd.DataFrame):
+            if len(rows) == 0:
+                return
+            body = rows[self.columns[0]].astype(str)
+            for c in self.columns[1:]:
+                body = body.str.cat(rows[c].astype(str), sep="\t")
+            self._h.update(("\n".join(body.tolist()) + "\n").encode())
+            return
+        self.update_lines(_arrow_lines(rows, self.columns))
+
+    def update_lines(self, lines) -> None:
+        """Add rows already joined into lines (a pyarrow string array of "id\tsplit\n"
+        values): the array's value buffer is hashed as it lies, without a Python string
+        per row."""
+        import pyarrow as pa
+
+        if len(lines) == 0:
+            return
+        if lines.null_count:
+            raise SplitError("a manifest row to hash is missing (null); every crop needs an id and a side")
+        if lines.type not in (pa.string(), pa.large_string()):
+            lines = lines.cast(pa.large_string())
+        offsets = lines.buffers()[1]
+        width = 4 if lines.type == pa.string() else 8
+        start = int.from_bytes(offsets[lines.offset * width:(lines.offset + 1) * width], "little", signed=True)
+        end_at = (lines.offset + len(lines)) * width
+        end = int.from_bytes(offsets[end_at:end_at + width], "little", signed=True)
+        self._h.update(memoryview(lines.buffers()[2])[start:end])
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def _arrow_lines(rows, columns: list[str]):
+    """The rows of an Arrow table or batch as "a\tb\n" lines (one string array)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = [rows.column(c).cast(pa.large_string()) for c in columns]
+    if isinstance(parts[0], pa.ChunkedArray):
+        parts = [p.combine_chunks() for p in parts]
+    tab, newline, empty = (pa.scalar(t, pa.large_string()) for t in ("\t", "\n", ""))
+    joined = pc.binary_join_element_wise(*parts, tab) if len(parts) > 1 else parts[0]
+    return pc.binary_join_element_wise(joined, empty, newline)
 
 
 def _check_assignments(df: pd.DataFrame, where: str) -> pd.DataFrame:
@@ -166,20 +234,16 @@ class SplitManifest:
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> "SplitManifest":
-        """Read a manifest CSV (and its sidecar, if present)."""
+        """Read a manifest CSV, or a manifest folder of Parquet files (``split=<side>/*.parquet``,
+        as the engines write), and its sidecar if present."""
         path = os.fspath(path)
         if not os.path.exists(path):
             raise SplitError(f"manifest file {path!r} does not exist")
         if os.path.isdir(path):
-            raise SplitError(f"manifest path {path!r} is a folder, not a CSV file")
-        try:
-            df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
-        except pd.errors.EmptyDataError:
-            raise SplitError(f"manifest file {path!r} is empty") from None
-        except UnicodeDecodeError as e:
-            raise SplitError(f"manifest file {path!r} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
-        except pd.errors.ParserError as e:
-            raise SplitError(f"manifest file {path!r} is not a valid CSV: {' '.join(str(e).split())}") from None
+            path = path.rstrip(os.sep) or path
+            df = _read_manifest_folder(path)
+        else:
+            df = _read_manifest_csv(path)
         protocol, params, report = "external", {}, {}
         meta = read_sidecar(path)
         if meta is not None:
@@ -198,6 +262,38 @@ class SplitManifest:
         return a.groupby(keys, sort=False).size().rename("n_crops").reset_index()
 
 
+def _read_manifest_folder(path: str) -> pd.DataFrame:
+    """The id/split rows of a manifest folder: one ``split=<side>`` folder of Parquet files
+    (column ``id``) per side."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    parts = []
+    for side in SIDES:
+        for f in sorted(glob.glob(os.path.join(glob.escape(path), f"split={side}", "*.parquet"))):
+            try:
+                ids = pq.read_table(f, columns=["id"]).column("id").to_pandas().astype(str)
+            except Exception as e:  # pyarrow raises several kinds for a damaged file
+                raise SplitError(f"manifest file {f!r} is not a readable Parquet file with an 'id' column: {' '.join(str(e).split())}") from None
+            parts.append(pd.DataFrame({"id": ids.to_numpy(dtype=object), "split": side}))
+    if not parts:
+        raise SplitError(f"manifest path {path!r} is a folder without split=train/, split=val/ or split=test/ Parquet files; "
+                         "give a manifest CSV or a manifest folder an engine wrote")
+    return pd.concat(parts, ignore_index=True)
+
+
+def _read_manifest_csv(path: str) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise SplitError(f"manifest file {path!r} is empty") from None
+    except UnicodeDecodeError as e:
+        raise SplitError(f"manifest file {path!r} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
+    except pd.errors.ParserError as e:
+        raise SplitError(f"manifest file {path!r} is not a valid CSV: {' '.join(str(e).split())}") from None
+
+
 def sidecar_path(path: str) -> str:
     root, _ = os.path.splitext(path)
     return root + ".json"
@@ -210,7 +306,7 @@ def read_sidecar(path: str | os.PathLike) -> dict | None:
         SplitError: the sidecar is not UTF-8 JSON, or not an object with the expected fields,
             naming the file and what is wrong.
     """
-    side = sidecar_path(os.fspath(path))
+    side = sidecar_path(os.fspath(path).rstrip(os.sep) or os.fspath(path))
     if not os.path.exists(side):
         return None
     try:
@@ -232,6 +328,61 @@ def read_sidecar(path: str | os.PathLike) -> dict | None:
     return meta
 
 
+def folder_hash(path: str | os.PathLike, batch_rows: int = 1_000_000) -> str:
+    """`content_hash` of a manifest folder (``split=<side>/*.parquet``), computed in Arrow:
+    the ids are sorted once and hashed in slices, with no Python object per row (a 1e8-row
+    manifest needs about 3 GB, not the ~10 GB of `SplitManifest.read`).
+
+    Raises:
+        SplitError: no manifest files, an empty id, or an id on two rows (naming it).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    path = os.fspath(path).rstrip(os.sep) or os.fspath(path)
+    ids, codes = [], []
+    for code, side in enumerate(SIDES):
+        col = _side_ids(path, side)
+        if col is not None:
+            ids.append(col)
+            codes.append(np.full(len(col), code, dtype=np.int8))
+    if not ids:
+        raise SplitError(f"manifest path {path!r} is a folder without split=train/, split=val/ or split=test/ Parquet files; "
+                         "give a manifest CSV or a manifest folder an engine wrote")
+    id_arr = pa.chunked_array(ids).combine_chunks()
+    order = pc.sort_indices(id_arr).to_numpy()
+    srt, side = id_arr.take(pa.array(order)), np.concatenate(codes)[order]
+    if pc.any(pc.fill_null(pc.equal(pc.binary_length(srt), 0), True)).as_py():
+        raise SplitError(f"manifest column 'id' is empty in {path}")
+    if len(srt) > 1 and pc.any(pc.equal(srt.slice(1), srt.slice(0, len(srt) - 1))).as_py():
+        same = pc.equal(srt.slice(1), srt.slice(0, len(srt) - 1)).to_numpy(zero_copy_only=False)
+        raise SplitError(f"manifest {path} assigns a crop twice: id {srt[int(np.flatnonzero(same)[0])].as_py()!r}")
+    names = pa.array(SIDES, pa.large_string())
+    hasher = ContentHasher(["id", "split"])
+    for lo in range(0, len(srt), batch_rows):
+        part = pa.table({"id": srt.slice(lo, batch_rows), "split": names.take(pa.array(side[lo:lo + batch_rows]))})
+        hasher.update(part)
+    return hasher.hexdigest()
+
+
+def _side_ids(path: str, side: str):
+    """The ids of one side of a manifest folder as one Arrow large_string array, or None."""
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(glob.glob(os.path.join(glob.escape(path), f"split={side}", "*.parquet")))
+    if not files:
+        return None
+    try:
+        cols = [pq.read_table(f, columns=["id"]).column("id").cast(pa.large_string()) for f in files]
+    except Exception as e:  # pyarrow raises several kinds for a damaged file
+        raise SplitError(f"manifest folder {path!r}: split={side} holds a file that is not Parquet with an 'id' column: "
+                         f"{' '.join(str(e).split())}") from None
+    return pa.chunked_array(cols).combine_chunks()
+
+
 def verify(path: str | os.PathLike, expected: str | None = None) -> str:
     """Recompute a manifest's hash and compare it with `expected` (or with its sidecar's).
 
@@ -242,10 +393,9 @@ def verify(path: str | os.PathLike, expected: str | None = None) -> str:
         ManifestHashError: on a mismatch, or when there is nothing to compare with.
         SplitError: the manifest or its sidecar cannot be read (naming the file).
     """
-    m = SplitManifest.read(path)
-    got = m.hash
+    got = folder_hash(path) if os.path.isdir(path) else SplitManifest.read(path).hash
     if expected is None:
-        side = sidecar_path(os.fspath(path))
+        side = sidecar_path(os.fspath(path).rstrip(os.sep) or os.fspath(path))
         meta = read_sidecar(path)
         if meta is None:
             raise ManifestHashError(f"no hash given and no sidecar {side!r} to compare with; pass --hash")

@@ -99,6 +99,26 @@ def overlap_counts(n: int, pairs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     return np.bincount(i, minlength=n) + np.bincount(j, minlength=n)
 
 
+def overlap_counts_by_parent(parent_codes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """m_i for a batch of whole parents (one partition of a table too large to hold): the
+    number of same-parent crops whose box intersects crop i's box.
+
+    A parent must lie wholly in the batch, since m_i counts only the siblings present.
+
+    Args:
+        parent_codes: (n,) integer parent of each crop in the batch (any labels, any order).
+        boxes: (n, 4) float boxes x, y, w, h.
+
+    Returns:
+        (n,) int64 counts, in the batch's row order.
+
+    Example:
+        >>> overlap_counts_by_parent(np.array([0, 0, 1]), np.array([[0, 0, 2, 2], [1, 1, 2, 2], [1, 1, 2, 2]])).tolist()
+        [1, 1, 0]
+    """
+    return overlap_counts(len(parent_codes), overlapping_pairs(parent_codes, boxes))
+
+
 def has_overlapping_partner(
     pairs: tuple[np.ndarray, np.ndarray], query: np.ndarray, partner: np.ndarray
 ) -> np.ndarray:

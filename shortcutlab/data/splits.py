@@ -270,29 +270,41 @@ def _select_units(
     return sel
 
 
+def _side_counts(table: CropTable, side: np.ndarray) -> np.ndarray:
+    """(3, C) int64 crops per side (0 train, 1 val, 2 test) and class; crops with side -1 are
+    outside the design and not counted."""
+    used = side >= 0
+    flat = side[used].astype(np.int64) * table.n_classes + table.label_codes[used]
+    return np.bincount(flat, minlength=3 * table.n_classes).reshape(3, table.n_classes)
+
+
 def _side_report(table: CropTable, side: np.ndarray, names=("train", "val", "test")) -> dict:
     """Achieved shares: overall and per class, for each non-empty side."""
-    labels = table.label_codes
-    n_c = np.bincount(labels, minlength=table.n_classes)
+    n_c = np.bincount(table.label_codes, minlength=table.n_classes)
+    return _shares_report(_side_counts(table, side), n_c, table.n_crops, table.classes, names)
+
+
+def _shares_report(counts: np.ndarray, n_c: np.ndarray, n: int, classes: Sequence[str], names=("train", "val", "test")) -> dict:
+    """`_side_report` from (3, C) crops per side and class, (C,) crops per class and N."""
     rep: dict = {}
     for code, name in enumerate(names):
-        m = side == code
-        if not m.any() and name == "val":
+        n_side = int(counts[code].sum())
+        if n_side == 0 and name == "val":
             continue
-        per = np.bincount(labels[m], minlength=table.n_classes) / np.maximum(n_c, 1)
-        rep[f"{name}_share"] = round(float(m.mean()), 6)
-        rep[f"{name}_share_per_class"] = {c: round(float(s), 6) for c, s in zip(table.classes, per)}
-        rep[f"n_{name}"] = int(m.sum())
+        per = counts[code] / np.maximum(n_c, 1)
+        rep[f"{name}_share"] = round(n_side / n, 6)
+        rep[f"{name}_share_per_class"] = {str(c): round(float(s), 6) for c, s in zip(classes, per)}
+        rep[f"n_{name}"] = n_side
     return rep
 
 
-def _refuse_empty_sides(rep: dict, q: float, v: float, unit: str, codes: np.ndarray, note: str = "") -> None:
+def _refuse_empty_sides(rep: dict, q: float, v: float, unit: str, sizes: np.ndarray, note: str = "") -> None:
     """Raise when the test or training side (or a requested validation side) holds no crop.
 
     Args:
         rep: a `_side_report`.
         unit: 'crop', 'parent' or 'group', for the message.
-        codes: (N,) unit of every crop, for the sizes in the message.
+        sizes: crops per unit (per class for 'crop'), for the message.
     """
     empty = [name for name in ("train", "test") if rep.get(f"n_{name}", 0) == 0]
     if v > 0 and rep.get("n_val", 0) == 0:
@@ -303,10 +315,9 @@ def _refuse_empty_sides(rep: dict, q: float, v: float, unit: str, codes: np.ndar
     what = "a crop-level split" if unit == "crop" else f"a {unit}-disjoint split"
     if unit == "crop":
         detail = (
-            f"each side gets round(fraction x crops of the class) crops, and the largest class has {int(np.bincount(codes).max())} crops"
+            f"each side gets round(fraction x crops of the class) crops, and the largest class has {int(np.max(sizes))} crops"
         )
     else:
-        sizes = np.bincount(codes)
         detail = f"the table has {len(sizes)} {unit}s of sizes up to {int(sizes.max())} crops"
     raise SplitError(f"{what} with test fraction {q}{val} left the {' and '.join(empty)} side empty{note}; {detail}")
 
@@ -329,25 +340,28 @@ def _empty_class_sides(
     Returns:
         ``[{"class": c, "side": s}, ...]`` (with ``"cell"`` for a cell), in class then side order.
     """
+    return _empty_class_sides_of(_side_counts(table, side), table.classes, has_val, protocol, cell)
+
+
+def _empty_class_sides_of(counts: np.ndarray, classes: Sequence[str], has_val: bool, protocol: str,
+                          cell: str | None = None) -> list[dict]:
+    """`_empty_class_sides` from (3, C) crops per side and class."""
     names = ("train", "val", "test") if has_val else ("train", "test")
-    counts = np.zeros((table.n_classes, 3), dtype=np.int64)
-    used = side >= 0
-    np.add.at(counts, (table.label_codes[used], side[used]), 1)
     out = []
-    for c, name in enumerate(table.classes):
+    for c, name in enumerate(classes):
         for s in names:
-            if counts[c, ("train", "val", "test").index(s)] == 0:
+            if counts[("train", "val", "test").index(s), c] == 0:
                 rec = {"class": name, "side": s}
                 where = f"{protocol} split"
                 if cell is not None:
                     rec["cell"] = cell
                     where += f", cell {cell!r}"
                 out.append(rec)
-                n_c = int(counts[c].sum())
+                n_c = int(counts[:, c].sum())
                 warnings.warn(
                     f"{where}: class {name!r} has no crops on the {s} side ({n_c} crops of the class in the split)",
                     SplitWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
     return out
 
@@ -369,26 +383,83 @@ def crop_split(table: CropTable, test_fraction: float = 0.2, val_fraction: float
     keys = _rng(seed, _CROP_KEYS).random(table.n_crops)
     side = _stratified_crop_sides(table.label_codes, keys, np.arange(table.n_crops), q, v)
     rep = _side_report(table, side)
-    _refuse_empty_sides(rep, q, v, "crop", table.label_codes)
+    _refuse_empty_sides(rep, q, v, "crop", np.bincount(table.label_codes))
     rep["empty_class_sides"] = _empty_class_sides(table, side, v > 0, "crop")
     params = {"test_fraction": q, "val_fraction": v, "seed": int(seed), "unit": "crop", "stratified_by": "label"}
     return _manifest(table, side, "crop", params, rep)
 
 
 # ---------------------------------------------------------------------------- P2
-def _unit_sides(table: CropTable, q: float, v: float, seed: int, unit: str, units_mask=None):
-    """Parent-level (or group-level) side for every crop, and the unit codes used."""
-    codes = table.unit_codes(unit)
-    V = table.class_counts_per_unit(unit)
-    if units_mask is not None:
-        V = V * units_mask[:, None]
+def unit_sides_from_counts(V: np.ndarray, test_fraction: float, val_fraction: float = 0.0, seed: int = 0) -> np.ndarray:
+    """The parent-level (or group-level) split from the class counts of its units alone.
+
+    This is all `parent_split` needs of a table, so an engine that counts crops per unit and
+    class out of core (SQL, a cluster) gets the in-memory split exactly.
+
+    Args:
+        V: (U, C) crops of each class in each unit; units in sorted-name order and classes
+            sorted (as `CropTable.class_counts_per_unit`), since the random draws follow
+            that order. A unit of zero crops is never selected.
+        test_fraction, val_fraction: q and v, as `parent_split`.
+        seed: random seed.
+
+    Returns:
+        (U,) int8 side of every unit: 0 train, 1 val, 2 test.
+
+    Example:
+        >>> V = np.array([[3, 0], [0, 2], [2, 0], [0, 3]])
+        >>> unit_sides_from_counts(V, 0.5, seed=0).tolist()
+        [2, 2, 0, 0]
+    """
+    q, v = _check_fractions(test_fraction, val_fraction)
+    V = np.asarray(V)
     totals = V.sum(axis=0).astype(np.float64)
     rng = _rng(seed, _UNIT_SELECT)
     test_u = _select_units(V, q * totals, rng, eligible=V.sum(axis=1) > 0)
     val_u = np.zeros_like(test_u)
     if v > 0:
         val_u = _select_units(V, v * totals, rng, eligible=(V.sum(axis=1) > 0) & ~test_u)
-    side_u = np.where(test_u, 2, np.where(val_u, 1, 0)).astype(np.int8)
+    return np.where(test_u, 2, np.where(val_u, 1, 0)).astype(np.int8)
+
+
+def parent_split_report(V: np.ndarray, side_u: np.ndarray, classes: Sequence[str], test_fraction: float,
+                        val_fraction: float = 0.0, unit: str = "parent") -> dict:
+    """The report of a parent-level split from its units' class counts and sides alone
+    (`parent_split`'s report, for engines that never hold the crops).
+
+    Args:
+        V: (U, C) crops of each class in each unit.
+        side_u: (U,) side of each unit (`unit_sides_from_counts`).
+        classes: the C class names, in V's column order.
+        test_fraction, val_fraction: q and v.
+        unit: 'parent' or 'group', for the messages.
+
+    Returns:
+        shares overall and per class of each side, ``n_train``/``n_val``/``n_test``,
+        ``max_class_deviation`` and ``empty_class_sides`` (each also warned about).
+
+    Raises:
+        SplitError: the test or training side (or a requested validation side) is empty.
+    """
+    q, v = _check_fractions(test_fraction, val_fraction)
+    V = np.asarray(V, dtype=np.int64)
+    side_u = np.asarray(side_u)
+    counts = np.stack([V[side_u == code].sum(axis=0) for code in range(3)])
+    n_c = V.sum(axis=0)
+    rep = _shares_report(counts, n_c, int(n_c.sum()), classes)
+    _refuse_empty_sides(rep, q, v, unit, V.sum(axis=1)[V.sum(axis=1) > 0])
+    rep["max_class_deviation"] = round(max(abs(s - q) for s in rep["test_share_per_class"].values()), 6)
+    rep["empty_class_sides"] = _empty_class_sides_of(counts, classes, v > 0, "parent")
+    return rep
+
+
+def _unit_sides(table: CropTable, q: float, v: float, seed: int, unit: str, units_mask=None):
+    """Parent-level (or group-level) side for every crop, and the unit codes used."""
+    codes = table.unit_codes(unit)
+    V = table.class_counts_per_unit(unit)
+    if units_mask is not None:
+        V = V * units_mask[:, None]
+    side_u = unit_sides_from_counts(V, q, v, seed)
     return side_u[codes], codes
 
 
@@ -403,6 +474,9 @@ def parent_split(
     """P2: parent-disjoint, class-stratified split with the test share as close to q as the
     parent sizes allow (the achieved share is reported, overall and per class).
 
+    The split depends on the table only through its units' class counts
+    (`unit_sides_from_counts`, `parent_split_report`).
+
     Args:
         table: the crops.
         test_fraction: q, the desired share of crops in test (and in every class).
@@ -413,13 +487,11 @@ def parent_split(
     q, v = _check_fractions(test_fraction, val_fraction)
     if unit in ("patient",):
         unit = "group"
-    side, codes = _unit_sides(table, q, v, seed, unit)
-    rep = _side_report(table, side)
-    _refuse_empty_sides(rep, q, v, unit, codes)
-    rep["max_class_deviation"] = round(max(abs(s - q) for s in rep["test_share_per_class"].values()), 6)
-    rep["empty_class_sides"] = _empty_class_sides(table, side, v > 0, "parent")
+    V = table.class_counts_per_unit(unit)
+    side_u = unit_sides_from_counts(V, q, v, seed)
+    rep = parent_split_report(V, side_u, table.classes, q, v, unit)
     params = {"test_fraction": q, "val_fraction": v, "seed": int(seed), "unit": unit, "stratified_by": "label"}
-    return _manifest(table, side, "parent", params, rep)
+    return _manifest(table, side_u[table.unit_codes(unit)], "parent", params, rep)
 
 
 # ---------------------------------------------------------------------------- P3
@@ -529,7 +601,7 @@ def dedup_split(
     side, codes = _unit_sides(merged, q, v, seed, unit)
     rep = _side_report(merged, side)
     _refuse_empty_sides(
-        rep, q, v, unit, codes,
+        rep, q, v, unit, np.bincount(codes),
         f" after near-duplicate merging ({res.n_parents_before} parents became {res.n_parents_after})",
     )
     rep["max_class_deviation"] = round(max(abs(s - q) for s in rep["test_share_per_class"].values()), 6)
