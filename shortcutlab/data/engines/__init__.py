@@ -27,8 +27,9 @@ from shortcutlab.data.engines.registry import DEFAULT_ENGINE, ENTRY_POINT_GROUP,
 
 # Built-ins register themselves on import (duckdb is imported only when its engine runs).
 from shortcutlab.data.engines.memory import MemoryEngine
+from shortcutlab.data.engines.ray_engine import RayEngine  # Ray itself is imported only when the engine runs
 
 __all__ = [
-    "AUDIT_KEYS", "DEFAULT_ENGINE", "ENTRY_POINT_GROUP", "Engine", "EngineError", "MemoryEngine", "TableSource", "available",
+    "AUDIT_KEYS", "DEFAULT_ENGINE", "ENTRY_POINT_GROUP", "Engine", "EngineError", "MemoryEngine", "RayEngine", "TableSource", "available",
     "check_protocol", "engines_running", "get_engine", "register", "sidecar_of_folder", "unregister",
 ]
