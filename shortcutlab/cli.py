@@ -196,7 +196,45 @@ def _print_audit(result: dict) -> None:
                 print(f"  class share {side}: {shares}")
 
 
+def _engine_source(args):
+    """The table of `audit` / `split` as an engine's `TableSource`."""
+    from shortcutlab.data.engines import TableSource
+
+    for flag in ("image", "mask", "hash_column"):
+        if getattr(args, flag, None):
+            raise ShortcutlabError(f"--{flag.replace('_', '-')} is not used by --engine {args.engine}, which computes the closed forms "
+                                   "and the parent split from the table's columns; leave it out or run without --engine")
+    return TableSource(args.table, label=args.label, parent=args.parent, id=args.id, group=args.group, box=args.box,
+                       center=args.center, crop_size=args.crop_size)
+
+
+def _engine(args):
+    """The engine named by --engine, with --memory-limit and --threads where given."""
+    from shortcutlab.data.engines import get_engine
+
+    options = {k: getattr(args, k) for k in ("memory_limit", "threads") if getattr(args, k, None) is not None}
+    return get_engine(args.engine, **options)
+
+
+def _audit_with_engine(args) -> int:
+    """`audit --engine NAME`: the closed forms only (a split is measured in memory)."""
+    from shortcutlab.io import write_text, to_json
+
+    for flag, value in (("--split", args.split), ("--card", args.card), ("--augmentation-order", args.augmentation_order)):
+        if value:
+            raise ShortcutlabError(f"{flag} needs the table in memory; --engine {args.engine} computes the closed forms only (run without --engine)")
+    _check_output_files(args.table, [("--json", args.json)])
+    result = _engine(args).audit(_engine_source(args), test_fraction=args.test_fraction)
+    _print_audit(result)
+    if args.json:
+        write_text(args.json, to_json(result))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_audit(args) -> int:
+    if args.engine:
+        return _audit_with_engine(args)
     from shortcutlab.data.audit import audit
     from shortcutlab.data.card import reporting_card
     from shortcutlab.io import atomic_files, to_json
@@ -223,7 +261,30 @@ def cmd_audit(args) -> int:
     return 0
 
 
+def _split_with_engine(args) -> int:
+    """`split --engine NAME`: a manifest folder of Parquet files (``split=<side>/``) and its
+    sidecar ``<folder>.json``."""
+    from shortcutlab.io import OutputError
+    from shortcutlab.data.engines import sidecar_of_folder
+
+    if str(args.out).lower().endswith(".csv"):
+        raise OutputError(f"--engine {args.engine} writes a manifest folder of Parquet files; give --out a folder name "
+                          f"(say {os.path.splitext(args.out)[0]}.parquet), not {args.out!r}")
+    _check_output_files(args.table, [("--out", args.out), ("the sidecar of --out", sidecar_of_folder(args.out))])
+    unit = args.unit or ("group" if args.group else "parent")
+    record = _engine(args).split(_engine_source(args), args.out, protocol=args.protocol, test_fraction=args.test_fraction,
+                                 val_fraction=args.val_fraction, seed=args.seed, unit=unit)
+    print(f"protocol {args.protocol} (engine {args.engine}): {record['n_rows']} rows written to {args.out}/split=*/")
+    for key in ("test_share", "n_test", "n_train", "n_val", "max_class_deviation"):
+        if key in record["report"]:
+            print(f"  {key}: {record['report'][key]}")
+    print(f"sha256 {record['sha256']}")
+    return 0
+
+
 def cmd_split(args) -> int:
+    if args.engine:
+        return _split_with_engine(args)
     from shortcutlab.io import OutputError
     from shortcutlab.data.manifest import sidecar_path
     from shortcutlab.data.splits import make_split
@@ -1027,7 +1088,18 @@ def _add_audit_command(sub) -> None:
                    help="declare where augmentation sat relative to the split, for the card (reference 002)")
     a.add_argument("--no-pixel-siblings", action="store_true",
                    help="skip the pixel-sibling share (measured on the --image files when a split is given)")
+    _add_engine_options(a)
     a.set_defaults(func=cmd_audit)
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    from shortcutlab.data.engines import available
+
+    g = p.add_argument_group("engine (tables larger than memory)")
+    g.add_argument("--engine", choices=available(), help="where to compute: duckdb reads the table (Parquet file, folder or glob, "
+                   "or CSV) out of core; with an engine, split writes --out as a folder of Parquet files (default: in memory, CSV)")
+    g.add_argument("--memory-limit", metavar="SIZE", help="duckdb: memory limit, e.g. 2GB (default 2GB); beyond it sorts spill to disk")
+    g.add_argument("--threads", type=int, metavar="N", help="duckdb: threads (default: the cores available)")
 
 
 def _add_split_command(sub) -> None:
@@ -1051,6 +1123,7 @@ def _add_split_command(sub) -> None:
     s.add_argument("--n-per-class", type=int, help="factorial: training crops per class, of the largest class with proportional allocation (default: the most every cell allows)")
     s.add_argument("--allocation", choices=("balanced", "proportional"), default="balanced", help="factorial: equal crops per class (default) or the table's class shares")
     s.add_argument("--levels", help="ladder: comma-separated crossing shares (default 0,0.25,0.5,0.75,1)")
+    _add_engine_options(s)
     s.set_defaults(func=cmd_split)
 
 

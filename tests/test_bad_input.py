@@ -3584,3 +3584,73 @@ def test_i25l_audit_of_a_bad_parquet_table_is_one_cli_line(tmp_path, capsys) -> 
     path = _i25_parquet(tmp_path, _pd.DataFrame({"id": ["a", "b"], "label": ["x", ""], "parent": "p"}))
     line = cli_error(["audit", str(path), "--id", "id", "--label", "label", "--parent", "parent", "--test-fraction", "0.2"], capsys)
     assert line.startswith("shortcutlab audit: error: ") and "column 'label' is empty or NaN in row 1 (id 'b')" in line
+
+
+# --- issue 25: the duckdb engine (out-of-core audit and split) -------------------------------
+from shortcutlab.data.engines import EngineError as _EngineError  # noqa: E402
+from shortcutlab.data.engines import TableSource as _TableSource  # noqa: E402
+from shortcutlab.data.engines import get_engine as _get_engine  # noqa: E402
+
+
+def _i25d_audit(path, **cols):
+    pytest.importorskip("duckdb")
+    return _get_engine("duckdb", threads=1).audit(_TableSource(str(path), **cols))
+
+
+_I25D_ONE = _pd.DataFrame({"id": ["a"], "label": ["x"], "parent": ["p"]})
+
+I25D_CASES = [
+    Case("i25d-missing-column", lambda p: _i25d_audit(_i25_parquet(p, _I25D_ONE), id="id", group="pt"),
+         TableError, ("group column 'pt'", "t.parquet", "id, label, parent")),
+    Case("i25d-duplicate-id",
+         lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b", " a"], "label": "x", "parent": "p"})), id="id"),
+         TableError, ("unique", "'a'", "row 0", "row 2")),
+    Case("i25d-box-not-numeric",
+         lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": "p", "x": ["1", "oops"],
+                                                               "y": 0.0, "w": 5.0, "h": 5.0})), id="id", box="x,y,w,h"),
+         TableError, ("'x'", "finite numbers", "row 1", "'b'", "'oops'")),
+    Case("i25d-box-size-zero",
+         lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": "p", "x": 1.0, "y": 0.0,
+                                                               "w": [5.0, 0.0], "h": 5.0})), id="id", box="x,y,w,h"),
+         TableError, ("positive", "'w'", "row 1", "'b'")),
+    Case("i25d-empty-parent",
+         lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b", "c"], "label": "x", "parent": ["p", "  ", None]})), id="id"),
+         TableError, ("'parent'", "empty", "t.parquet row 1", "'b'", "2 row(s)")),
+    Case("i25d-empty-parent-csv",
+         lambda p: (p.joinpath("t.csv").write_text("id,label,parent\na,x,p\nb,x,\n"), _i25d_audit(p / "t.csv", id="id")),
+         TableError, ("'parent'", "empty", "t.csv", "'b'")),
+    Case("i25d-no-id", lambda p: _i25d_audit(_i25_parquet(p, _I25D_ONE)), TableError, ("needs --id", "t.parquet")),
+    Case("i25d-parent-in-two-groups",
+         lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": "p", "pt": ["g1", "g2"]})),
+                               id="id", group="pt"),
+         TableError, ("parent 'p'", "2 different groups")),
+    Case("i25d-folder-without-parquet", lambda p: (p.joinpath("d").mkdir(), _i25d_audit(p / "d", id="id")),
+         TableError, ("/d'", "no .parquet files")),
+    Case("i25d-not-parquet", lambda p: (p.joinpath("t.parquet").write_text("id\n1\n"), _i25d_audit(p / "t.parquet", id="id")),
+         TableError, ("t.parquet", "not a readable Parquet file")),
+    Case("i25d-crop-protocol",
+         lambda p: _get_engine("duckdb").split(_TableSource(str(_i25_parquet(p, _I25D_ONE)), id="id"), str(p / "m"), protocol="crop"),
+         _EngineError, ("duckdb engine runs the parent", "'crop'", "--engine memory")),
+    Case("i25d-memory-limit", lambda p: _get_engine("duckdb", memory_limit="lots").audit(_TableSource(str(_i25_parquet(p, _I25D_ONE)), id="id")),
+         _EngineError, ("memory limit 'lots'", "2GB")),
+    Case("i25d-unknown-engine", lambda p: _get_engine("duckbd"), _EngineError, ("unknown engine 'duckbd'", "did you mean 'duckdb'")),
+]
+
+
+@pytest.mark.parametrize("case", I25D_CASES, ids=[c.id for c in I25D_CASES])
+def test_i25d_duckdb_engine_bad_input(case: Case, tmp_path) -> None:
+    check(case, tmp_path)
+
+
+def test_i25d_cli_engine_errors_are_one_line(tmp_path, capsys) -> None:
+    pytest.importorskip("duckdb")
+    path = _i25_parquet(tmp_path, _pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": ["p", "q"]}))
+    table = [str(path), "--id", "id", "--label", "label", "--parent", "parent"]
+    line = cli_error(["split", *table, "--protocol", "parent", "--out", str(tmp_path / "m.csv"), "--engine", "duckdb"], capsys)
+    assert "manifest folder" in line and "m.csv" in line
+    line = cli_error(["audit", *table, "--engine", "duckdb", "--split", str(tmp_path / "m.csv")], capsys)
+    assert "--split needs the table in memory" in line
+    line = cli_error(["split", *table, "--protocol", "parent", "--out", str(tmp_path / "m"), "--engine", "memory", "--threads", "2"], capsys)
+    assert "engine 'memory' takes no parameter 'threads'" in line
+    line = cli_error(["audit", *table, "--engine", "duckdb", "--image", "id"], capsys)
+    assert "--image is not used by --engine duckdb" in line

@@ -138,3 +138,138 @@ def test_engines_refuse_unknown_names_and_protocols(tmp_path):
     src = TableSource(_csv(tmp_path, random_table(10)), id="id")
     with pytest.raises(EngineError, match="runs the crop, parent split protocol"):
         get_engine("memory").split(src, str(tmp_path / "m"), protocol="ladder")
+
+
+# --------------------------------------------------------------------------- the duckdb engine
+FIGURES = ("sibling_share", "exposure", "diversity_ratio", "pixel_overlap", "overlap_share")
+
+
+def _same_audit(got, want):
+    for k in ("n_crops", "n_parents", "n_classes", "n_groups"):
+        assert got[k] == want[k], k
+    for k in FIGURES:
+        assert got[k] == pytest.approx(want[k], abs=1e-12), k
+
+
+def _check_against_memory(path, df, splits, q=0.2, group=None, **table_cols):
+    """The duckdb engine's audit and splits of the file `path` against `data.audit.audit` and
+    `make_split` on the same rows held as a `CropTable`."""
+    t = CropTable.from_frame(df, group=group, **table_cols)
+    src = TableSource(str(path), group=group, **table_cols)
+    eng = get_engine("duckdb", memory_limit="500MB", threads=2, batch_rows=50_000)
+    _same_audit(eng.audit(src, q), audit(t, q))
+    out = os.path.join(os.path.dirname(path), "manifest.parquet")
+    for seed, v, unit in splits:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rec = eng.split(src, out, test_fraction=q, val_fraction=v, seed=seed, unit=unit)
+            want = make_split(t, "parent", test_fraction=q, val_fraction=v, seed=seed, unit=unit)
+        assert rec["sha256"] == want.hash, (seed, v, unit)
+        assert rec["report"] == want.metadata()["report"]
+        assert SplitManifest.read(out).hash == want.hash
+
+
+@pytest.fixture(scope="module")
+def table_200k(tmp_path_factory):
+    df = random_table(40_000, 5.0, 4, mixed=True, parents_per_group=5, seed=11)  # about 200k crops
+    folder = tmp_path_factory.mktemp("t200k") / "crops"
+    folder.mkdir()
+    shuffled = df.sample(frac=1, random_state=0).reset_index(drop=True)
+    for i, rows in enumerate(np.array_split(np.arange(len(df)), 3)):  # three files, rows shuffled
+        shuffled.iloc[rows].to_parquet(folder / f"part-{i}.parquet", index=False)
+    return folder, df
+
+
+def test_duckdb_engine_equals_memory_on_200k_crops(table_200k):
+    """Figures to 1e-12 and manifest hashes equal on a 3-file Parquet dataset of ~200k crops,
+    boxes overlapping within parents: a parent split and a patient split with a validation side."""
+    pytest.importorskip("duckdb")
+    folder, df = table_200k
+    assert len(df) > 190_000
+    _check_against_memory(folder, df, [(0, 0.0, "parent"), (1, 0.1, "group")], group="patient", id="id", box="x,y,w,h")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_duckdb_engine_equals_memory_on_1m_crops(tmp_path, seed):
+    pytest.importorskip("duckdb")
+    df = random_table(200_000, 5.0, 5, mixed=seed != 1, seed=seed)  # about 1M crops
+    path = tmp_path / "crops.parquet"
+    df.to_parquet(path, index=False)
+    assert len(df) > 950_000
+    _check_against_memory(path, df, [(seed, 0.1, "parent")], q=0.25, id="id", box="x,y,w,h")
+
+
+def _awkward_frame():
+    """Names that sort differently by code point and by locale, padding to strip, integer
+    floats, a two-column id and boxes given as centres."""
+    parents = ["é", "Z", "a", " b", "b\u00a0", "ß", "10", "9", "Ωmega", "z"]
+    rng = np.random.default_rng(4)
+    rows = []
+    for p_i, p in enumerate(parents):
+        for j in range(int(rng.integers(2, 9))):
+            rows.append({"slide": float(p_i), "cell": j, "cls": ["HSIL ", "lsil", "Ñ", "n"][int(rng.integers(0, 4))], "field": p,
+                         "pt": f"pt{p_i // 3}", "cx": float(rng.integers(0, 60)), "cy": float(rng.integers(0, 40))})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_duckdb_engine_reads_names_as_the_crop_table_does(tmp_path, fmt):
+    """Sorting (code point, not locale), stripping and number-to-text rules match `CropTable`:
+    the parent split follows the unit order, so any difference changes the hash."""
+    pytest.importorskip("duckdb")
+    df = _awkward_frame()
+    path = tmp_path / f"t.{fmt}"
+    df.to_csv(path, index=False) if fmt == "csv" else df.to_parquet(path, index=False)
+    read = CropTable.from_csv if fmt == "csv" else CropTable.from_parquet
+    cols = dict(id="slide,cell", label="cls", parent="field", center="cx,cy", crop_size="20")
+    t = read(path, group="pt", **cols)
+    src = TableSource(str(path), group="pt", **cols)
+    eng = get_engine("duckdb", threads=1)
+    _same_audit(eng.audit(src, 0.3), audit(t, 0.3))
+    for seed in range(4):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rec = eng.split(src, str(tmp_path / "m"), test_fraction=0.3, seed=seed)
+            assert rec["sha256"] == make_split(t, "parent", test_fraction=0.3, seed=seed).hash
+
+
+def test_duckdb_engine_split_leaves_only_the_manifest(tmp_path):
+    """The manifest folder holds the sides' Parquet files (and the output marker), the spill
+    folder is gone, and the sidecar records the engine."""
+    pytest.importorskip("duckdb")
+    df = random_table(200, 5.0, 3, seed=2)
+    df.to_parquet(tmp_path / "t.parquet", index=False)
+    src = TableSource(str(tmp_path / "t.parquet"), id="id")
+    rec = get_engine("duckdb").split(src, str(tmp_path / "out" / "m.parquet"), val_fraction=0.1)
+    assert sorted(os.listdir(tmp_path / "out")) == ["m.json", "m.parquet"]
+    assert sorted(os.listdir(tmp_path / "out" / "m.parquet")) == [".shortcutlab-output.json", "split=test", "split=train", "split=val"]
+    assert read_sidecar(str(tmp_path / "out" / "m.parquet"))["engine"] == "duckdb" == rec["engine"]
+    n = sum(len(pd.read_parquet(tmp_path / "out" / "m.parquet" / f"split={s}")) for s in ("train", "val", "test"))
+    assert n == len(df) == rec["n_rows"]
+
+
+def test_cli_engine_duckdb_split_verify_and_audit(tmp_path, capsys):
+    """`split --engine duckdb` writes a manifest folder whose hash `verify` recomputes and
+    that `audit --split` reads; `audit --engine duckdb --json` gives the in-memory figures."""
+    pytest.importorskip("duckdb")
+    import json
+
+    from shortcutlab.cli import main
+
+    df = random_table(300, 4.0, 3, seed=9)
+    path = tmp_path / "t.parquet"
+    df.to_parquet(path, index=False)
+    table = [str(path), "--id", "id", "--label", "label", "--parent", "parent", "--box", "x,y,w,h"]
+    out = tmp_path / "m.parquet"
+    assert main(["split", *table, "--protocol", "parent", "--val-fraction", "0.1", "--seed", "4", "--out", str(out),
+                 "--engine", "duckdb", "--memory-limit", "300MB", "--threads", "1"]) == 0
+    t = CropTable.from_frame(df, id="id", box="x,y,w,h")
+    want = make_split(t, "parent", val_fraction=0.1, seed=4)
+    assert f"sha256 {want.hash}" in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0 and f"OK {want.hash}" in capsys.readouterr().out
+    assert main(["audit", *table, "--split", str(out), "--json", str(tmp_path / "mem.json")]) == 0
+    assert main(["audit", *table, "--engine", "duckdb", "--json", str(tmp_path / "duck.json")]) == 0
+    mem, duck = (json.loads((tmp_path / f).read_text()) for f in ("mem.json", "duck.json"))
+    assert mem["split"]["sha256"] == want.hash
+    _same_audit(duck, mem)

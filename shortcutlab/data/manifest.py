@@ -92,9 +92,10 @@ class ContentHasher:
             return
         if lines.null_count:
             raise SplitError("a manifest row to hash is missing (null); every crop needs an id and a side")
-        lines = lines.cast(pa.large_string()) if lines.type == pa.string() else lines
+        if lines.type not in (pa.string(), pa.large_string()):
+            lines = lines.cast(pa.large_string())
         offsets = lines.buffers()[1]
-        width = 8
+        width = 4 if lines.type == pa.string() else 8
         start = int.from_bytes(offsets[lines.offset * width:(lines.offset + 1) * width], "little", signed=True)
         end_at = (lines.offset + len(lines)) * width
         end = int.from_bytes(offsets[end_at:end_at + width], "little", signed=True)

@@ -28,6 +28,9 @@ class MemoryEngine(Engine):
 
     protocols = ("crop", "parent")
 
+    def __init__(self) -> None:  # no options: an explicit signature lets the registry refuse --threads and the like
+        pass
+
     def audit(self, source: TableSource, test_fraction: float = 0.2) -> dict:
         from shortcutlab.data.exposure import summarize
 
