@@ -130,7 +130,7 @@ def test_source_checks_run_before_any_cluster(tmp_path):
         check_source(TableSource(str(tmp_path / "*.pq")))
     with pytest.raises(TableError, match=r"reads Parquet .*t\.csv' is not a \.parquet file"):
         check_source(TableSource(str(tmp_path / "t.csv")))
-    eng = RayEngine(num_cpus=1)
+    eng = RayEngine(threads=1)
     with pytest.raises(TableError, match=r"split needs an id column \(--id COL\)"):
         eng.split(TableSource(str(tmp_path / "a.parquet")), str(tmp_path / "m"))
     assert not os.path.exists(tmp_path / "m")
@@ -138,10 +138,10 @@ def test_source_checks_run_before_any_cluster(tmp_path):
 
 def test_options_are_checked():
     assert "ray" in available()
-    with pytest.raises(RayEngineError, match="num_cpus must be a positive integer; got 0"):
-        RayEngine(num_cpus=0)
-    with pytest.raises(RayEngineError, match="num_cpus applies to a local Ray only"):
-        RayEngine(address="auto", num_cpus=2)
+    with pytest.raises(RayEngineError, match="threads must be a positive integer; got 0"):
+        RayEngine(threads=0)
+    with pytest.raises(RayEngineError, match="threads applies to a local Ray only"):
+        RayEngine(address="auto", threads=2)
     with pytest.raises(RayEngineError, match="partitions must be a positive integer; got 1.5"):
         get_engine("ray", partitions=1.5)
 
@@ -156,7 +156,7 @@ def test_registering_the_ray_engine_imports_no_ray():
 @pytest.fixture(scope="module")
 def ray_session():
     pytest.importorskip("ray.data", reason="the ray engine needs Ray Data (pip install 'shortcutlab[ray]')")
-    with RayEngine(num_cpus=2).connected() as ray:  # the engine uses this connection, then leaves it open
+    with RayEngine(threads=2).connected() as ray:  # the engine uses this connection, then leaves it open
         yield ray
     assert not ray.is_initialized()
 

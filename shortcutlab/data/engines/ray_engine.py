@@ -39,6 +39,7 @@ import glob as globmod
 import logging
 import os
 import uuid
+import warnings
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -191,7 +192,8 @@ class RayEngine(Engine):
             cluster this machine belongs to (``ray start``); "HOST:PORT" or "ray://HOST:PORT"
             a cluster's head. Default: the ``RAY_ADDRESS`` environment variable, else None.
             If this process is already connected to Ray, that connection is used.
-        num_cpus: CPUs of a local Ray (default: all of this machine's); local only.
+        threads: CPUs a local Ray offers (default: all of this machine's); local only (the
+            CLI's ``--threads``, as for duckdb).
         partitions: partitions of the per-parent step (default: one per
             `ROWS_PER_PARTITION` rows, at least two per CPU of the cluster).
         check_ids: the audit also refuses repeated crop ids (a distributed group-by on the id
@@ -204,19 +206,19 @@ class RayEngine(Engine):
 
     protocols = ("parent",)
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None, partitions: int | None = None,
+    def __init__(self, address: str | None = None, threads: int | None = None, partitions: int | None = None,
                  check_ids: bool = True, runtime_env: Mapping[str, Any] | None = None, quiet: bool = True) -> None:
         if address is None:
             address = os.environ.get("RAY_ADDRESS") or None
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise RayEngineError(f"the Ray address must be 'auto', 'HOST:PORT' or 'ray://HOST:PORT'; got {address!r}")
-        for key, value in (("num_cpus", num_cpus), ("partitions", partitions)):
+        for key, value in (("threads", threads), ("partitions", partitions)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise RayEngineError(f"{key} must be a positive integer; got {value!r}")
-        if num_cpus is not None and address is not None:
-            raise RayEngineError(f"num_cpus applies to a local Ray only; the cluster at {address!r} has its own CPUs")
+        if threads is not None and address is not None:
+            raise RayEngineError(f"threads applies to a local Ray only; the cluster at {address!r} has its own CPUs")
         self.address = address.strip() if address else None
-        self.num_cpus, self.partitions = num_cpus, partitions
+        self.threads, self.partitions = threads, partitions
         self.check_ids, self.quiet = bool(check_ids), bool(quiet)
         self.runtime_env = dict(runtime_env) if runtime_env else None
 
@@ -226,6 +228,14 @@ class RayEngine(Engine):
         """Ray, connected for the block: an existing connection is used as it is; otherwise
         one is opened (a local Ray started) and closed after the block."""
         ray = _ray()
+        with warnings.catch_warnings():
+            # Ray Data warns about its own deprecated settings whenever it copies its context.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
+            with self._connection(ray) as connected:
+                yield connected
+
+    @contextlib.contextmanager
+    def _connection(self, ray) -> Iterator[Any]:
         if ray.is_initialized():
             yield ray
             return
@@ -236,7 +246,7 @@ class RayEngine(Engine):
             opts["runtime_env"] = self.runtime_env
         env = {"RAY_USAGE_STATS_ENABLED": os.environ.get("RAY_USAGE_STATS_ENABLED", "0")}
         if self.address is None:
-            opts["num_cpus"] = self.num_cpus
+            opts["num_cpus"] = self.threads
             # A local Ray's workers start from this environment: let them import this shortcutlab.
             here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
             env["PYTHONPATH"] = os.pathsep.join([here] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
