@@ -22,7 +22,7 @@ import pytest
 from shortcutlab.errors import TableError
 from shortcutlab.data.engines import TableSource, available, get_engine
 from shortcutlab.data.engines.ray_engine import RayEngine, RayEngineError, assign_block, canonical_block, check_source, \
-    class_counts, closed_forms, per_parent_rows, worker_error
+    class_counts, closed_forms, collect_parent_rows, per_parent_rows, worker_error
 from shortcutlab.data.exposure import summarize
 from shortcutlab.data.manifest import ContentHasher, SplitManifest, read_sidecar, verify
 from shortcutlab.data.random_tables import random_table
@@ -47,7 +47,7 @@ def _partitions(df: pd.DataFrame, k: int, seed: int) -> list[pd.DataFrame]:
     return [df[part == i] for i in range(k) if (part == i).any()]
 
 
-def _reduce(df: pd.DataFrame, k: int, seed: int, q: float | None) -> pd.DataFrame:
+def _reduce(df: pd.DataFrame, k: int, seed: int, q: float | None):
     """Steps 1 and 2 of the engine without Ray: canonical blocks, then one reduction per partition."""
     keep = ("id", "parent", "label", "group", "x", "y", "w", "h")
     rows = []
@@ -55,7 +55,7 @@ def _reduce(df: pd.DataFrame, k: int, seed: int, q: float | None) -> pd.DataFram
         canon = canonical_block(pa.Table.from_pandas(part, preserve_index=False), COLUMNS, "t.parquet", keep)
         canon = canon.sort_by("parent")
         rows.append(per_parent_rows(canon, q, True, True))
-    return pa.concat_tables(rows).to_pandas()
+    return collect_parent_rows(rows)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -63,7 +63,7 @@ def test_partition_by_partition_reduction_gives_the_in_memory_figures(seed):
     df = _frame(seed)
     table = CropTable.from_frame(df, **COLUMNS)
     want = summarize(table, 0.3).to_dict()
-    got = closed_forms(_reduce(df, 5, seed, 0.3), 0.3, geometry=True, has_group=True)
+    got = closed_forms(_reduce(df, 5, seed, 0.3), 0.3, geometry=True)
     for k in ("n_crops", "n_parents", "n_classes", "n_groups", "test_fraction"):
         assert got[k] == want[k], k
     for k in ("sibling_share", "exposure", "diversity_ratio", "pixel_overlap", "overlap_share"):
@@ -80,7 +80,7 @@ def test_assignment_from_partition_counts_hashes_to_make_split(seed, unit):
     assert classes == table.classes
     np.testing.assert_array_equal(V, table.class_counts_per_unit(unit))
     side_u = unit_sides_from_counts(V, 0.25, 0.1, seed)
-    sides = pa.table({"unit": pa.array(units, pa.string()), "side": pa.array(side_u, pa.int8())})
+    sides = pa.table({"unit": units, "side": pa.array(side_u, pa.int8())})
     col = "parent" if unit == "parent" else "group"
     blocks = [canonical_block(pa.Table.from_pandas(b, preserve_index=False), COLUMNS, "t.parquet", ("id", col))
               for b in np.array_split(np.arange(len(df)), 3) for b in [df.iloc[b]]]
@@ -102,6 +102,17 @@ def test_per_parent_rows_by_hand():
         ["p", "a", 2, "g", 1], ["p", "b", 1, "g", 1], ["r", "a", 1, "h", 0]]
     assert out["overlap_term"].tolist() == [0.5, 0.5, 0.0]
     assert out["piece"].nunique() == 1
+
+
+def test_a_parent_cut_between_partitions_is_refused():
+    """Ray's repartition by key keeps a parent in one partition; were it ever cut, its overlap
+    counts would miss the pairs across the cut, so the driver refuses rather than report them."""
+    a = pa.table({"parent": ["p", "q"], "label": ["a", "a"], "x": [0.0, 0.0], "y": [0.0, 0.0], "w": [10.0] * 2, "h": [10.0] * 2})
+    b = pa.table({"parent": ["p"], "label": ["b"], "x": [5.0], "y": [5.0], "w": [10.0], "h": [10.0]})
+    whole = collect_parent_rows([per_parent_rows(pa.concat_tables([a, b]).sort_by("parent"), 0.5, True, False)])
+    assert whole.n_overlap == 2 and whole.classes == ("a", "b")
+    with pytest.raises(RayEngineError, match="a parent was cut between partitions"):
+        collect_parent_rows([per_parent_rows(a, 0.5, True, False), per_parent_rows(b, 0.5, True, False)])
 
 
 def test_per_parent_rows_refuses_a_parent_in_two_groups():

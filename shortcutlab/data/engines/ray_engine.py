@@ -40,6 +40,7 @@ import logging
 import os
 import uuid
 import warnings
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -286,22 +287,14 @@ class RayEngine(Engine):
         return ds.count(), ds.map_batches(canonical_block, batch_format="pyarrow", batch_size=None,
                                           fn_kwargs={"columns": source.columns(), "source": os.fspath(source.path), "keep": keep})
 
-    def parent_table(self, ray, ds, n_rows: int, test_fraction: float | None, geometry: bool, has_group: bool):
-        """Step 2: one row per (parent, class) from the canonical dataset, as a pandas frame."""
-        import pyarrow as pa
-
+    def parent_table(self, ray, ds, n_rows: int, test_fraction: float | None, geometry: bool, has_group: bool) -> "ParentCounts":
+        """Step 2: the per-(parent, class) rows of the canonical dataset, collected on the driver."""
         cpus = int(ray.cluster_resources().get("CPU", 1))
         parts = self.partitions or max(2 * cpus, -(-n_rows // ROWS_PER_PARTITION))
         rows = ds.repartition(parts, keys=["parent"], sort=True).map_batches(
             per_parent_rows, batch_format="pyarrow", batch_size=None,
             fn_kwargs={"test_fraction": test_fraction, "geometry": geometry, "has_group": has_group})
-        table = pa.concat_tables(list(rows.iter_batches(batch_size=None, batch_format="pyarrow")))
-        frame = table.to_pandas()
-        cut = frame.groupby("parent", sort=False)["piece"].nunique()
-        if (cut > 1).any():
-            raise RayEngineError(f"internal check failed: parent {cut[cut > 1].index[0]!r} was cut between partitions of the "
-                                 "per-parent step, so its overlap would be wrong; report this with your Ray version")
-        return frame
+        return collect_parent_rows(rows.iter_batches(batch_size=None, batch_format="pyarrow"))
 
     def check_unique_ids(self, ds, source: TableSource) -> None:
         """Refuse a repeated crop id (a group-by on the id column)."""
@@ -326,8 +319,8 @@ class RayEngine(Engine):
             n_rows, ds = self.read(ray, source, paths, keep + (("id",) if check else ()))
             if check:
                 self.check_unique_ids(ds, source)
-            frame = self.parent_table(ray, ds, n_rows, q, geometry, source.group is not None)
-        return {**closed_forms(frame, q, geometry, source.group is not None), "source": os.fspath(source.path),
+            counts = self.parent_table(ray, ds, n_rows, q, geometry, source.group is not None)
+        return {**closed_forms(counts, q, geometry), "source": os.fspath(source.path),
                 "engine": self.name}
 
     def split(self, source: TableSource, out: str, protocol: str = "parent", test_fraction: float = 0.2,
@@ -346,8 +339,8 @@ class RayEngine(Engine):
         paths = check_source(source)
         with self.connected() as ray, user_errors():
             n_rows, ds = self.read(ray, source, paths, ("id", "parent", "label") + (("group",) if has_group else ()))
-            frame = self.parent_table(ray, ds, n_rows, None, False, has_group)
-            units, classes, V = class_counts(frame, unit)
+            counts = self.parent_table(ray, ds, n_rows, None, False, has_group)
+            units, classes, V = class_counts(counts, unit)
             side_u = unit_sides_from_counts(V, test_fraction, val_fraction, seed)
             report = parent_split_report(V, side_u, classes, test_fraction, val_fraction, unit)
             sha, n_rows = self.write_manifest(ray, ds, out, units, side_u, unit, source)
@@ -361,7 +354,7 @@ class RayEngine(Engine):
         """Steps 4 and 5: assign, write the manifest folder, hash it in id order."""
         import pyarrow as pa
 
-        sides = ray.put(pa.table({"unit": pa.array(units, pa.string()), "side": pa.array(side_u, pa.int8())}))
+        sides = ray.put(pa.table({"unit": units, "side": pa.array(side_u, pa.int8())}))
         assigned = ds.map_batches(assign_block, batch_format="pyarrow", batch_size=None,
                                   fn_kwargs={"sides": sides, "unit": unit})
         with atomic_dir(out, kind=MANIFEST_KIND, names=MANIFEST_ENTRIES) as tmp:
@@ -434,31 +427,105 @@ def source_columns(source: TableSource) -> list[tuple[str, str]]:
     return cols
 
 
-def closed_forms(frame: pd.DataFrame, q: float, geometry: bool, has_group: bool) -> dict:
+@dataclass(frozen=True)
+class ParentCounts:
+    """What the driver holds: one row per (parent, class) present, in compact columns, and the
+    two overlap sums.
+
+    Attributes:
+        parent: (R,) Arrow strings, the parent of each row.
+        label: (R,) int16 codes into `classes`.
+        classes: the class names, sorted (code point order, as `CropTable.classes`).
+        n: (R,) int64 crops of the row's parent and class.
+        group: (R,) Arrow strings, the parent's group (None without groups).
+        n_overlap: crops whose box meets a sibling's.
+        overlap_term: ``sum_i 1 - q^(m_i)`` over all crops.
+    """
+
+    parent: Any
+    label: np.ndarray
+    classes: tuple[str, ...]
+    n: np.ndarray
+    group: Any
+    n_overlap: int
+    overlap_term: float
+
+
+def collect_parent_rows(batches) -> ParentCounts:
+    """Gather step 2's output batch by batch into `ParentCounts` (class names turned into
+    small codes, the overlap sums added up as they come); refuse a parent found in two
+    partitions (its overlap counts would be partial)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parents, labels, counts, groups = [], [], [], []
+    classes: list[str] = []
+    n_overlap, term, pieces = 0, 0.0, 0
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        pieces += b.group_by(["piece", "parent"]).aggregate([]).num_rows
+        new = [c for c in pc.unique(b.column("label")).to_pylist() if c not in classes]
+        classes += new
+        labels.append(pc.index_in(b.column("label"), value_set=pa.array(classes, pa.string())).to_numpy().astype(np.int16))
+        parents.append(b.column("parent").combine_chunks() if isinstance(b.column("parent"), pa.ChunkedArray) else b.column("parent"))
+        counts.append(b.column("n").to_numpy())
+        if "group" in b.column_names:
+            groups.append(b.column("group"))
+        if "n_overlap" in b.column_names:
+            n_overlap += int(pc.sum(b.column("n_overlap")).as_py())
+            term += float(pc.sum(b.column("overlap_term")).as_py())
+    if not parents:
+        raise TableError("the crop table has no rows")
+    parent = pa.chunked_array(parents).combine_chunks()
+    n_parents = len(pc.unique(parent))
+    if pieces != n_parents:
+        raise RayEngineError("internal check failed: a parent was cut between partitions of the per-parent step, so its overlap "
+                             "would be wrong; report this with your Ray version")
+    order = sorted(range(len(classes)), key=lambda i: classes[i])
+    recode = np.empty(len(classes), dtype=np.int16)
+    recode[order] = np.arange(len(classes), dtype=np.int16)
+    return ParentCounts(parent=parent, label=recode[np.concatenate(labels)], classes=tuple(classes[i] for i in order),
+                        n=np.concatenate(counts).astype(np.int64),
+                        group=pa.chunked_array(groups).combine_chunks() if groups else None, n_overlap=n_overlap,
+                        overlap_term=term)
+
+
+def sorted_codes(values) -> tuple[Any, np.ndarray]:
+    """The sorted distinct values of an Arrow string array (code point order, as
+    `pd.factorize(sort=True)` orders Python strings) and each value's code into them."""
+    import pyarrow.compute as pc
+
+    uniq = pc.unique(values)
+    uniq = uniq.take(pc.sort_indices(uniq))
+    return uniq, pc.index_in(values, value_set=uniq).to_numpy()
+
+
+def closed_forms(counts: ParentCounts, q: float, geometry: bool) -> dict:
     """The audit's figures from the per-(parent, class) rows of step 2."""
     from shortcutlab.data.exposure import diversity_ratio, exposure, sibling_share
 
-    sizes = frame.groupby("parent", sort=True)["n"].sum().to_numpy(dtype=np.int64)
+    parents, code = sorted_codes(counts.parent)
+    sizes = np.bincount(code, weights=counts.n, minlength=len(parents)).astype(np.int64)
     n = int(sizes.sum())
-    out = {"n_crops": n, "n_parents": int(len(sizes)), "n_classes": int(frame["label"].nunique()),
-           "n_groups": int(frame["group"].nunique()) if has_group else None, "test_fraction": q,
+    out = {"n_crops": n, "n_parents": int(len(sizes)), "n_classes": len(counts.classes),
+           "n_groups": len(sorted_codes(counts.group)[0]) if counts.group is not None else None, "test_fraction": q,
            "sibling_share": sibling_share(sizes), "exposure": exposure(sizes, q), "diversity_ratio": diversity_ratio(sizes, q),
            "pixel_overlap": None, "overlap_share": None}
     if geometry:
-        out["pixel_overlap"] = float(frame["overlap_term"].sum() / n)
-        out["overlap_share"] = float(frame["n_overlap"].sum() / n)
+        out["pixel_overlap"] = counts.overlap_term / n
+        out["overlap_share"] = counts.n_overlap / n
     return {k: out[k] for k in AUDIT_KEYS}
 
 
-def class_counts(frame: pd.DataFrame, unit: str) -> tuple[np.ndarray, tuple[str, ...], np.ndarray]:
-    """(U,) unit names, (C,) classes and the (U, C) class counts V, units and classes in sorted
-    (code point) order as `CropTable.class_counts_per_unit` has them."""
-    key = "parent" if unit == "parent" else "group"
-    ucode, units = pd.factorize(frame[key], sort=True)
-    lcode, classes = pd.factorize(frame["label"], sort=True)
-    V = np.zeros((len(units), len(classes)), dtype=np.int64)
-    np.add.at(V, (ucode, lcode), frame["n"].to_numpy(dtype=np.int64))
-    return np.asarray(units, dtype=object), tuple(str(c) for c in classes), V
+def class_counts(counts: ParentCounts, unit: str) -> tuple[Any, tuple[str, ...], np.ndarray]:
+    """(U,) unit names (Arrow strings), (C,) classes and the (U, C) class counts V, units and
+    classes in sorted (code point) order as `CropTable.class_counts_per_unit` has them."""
+    units, code = sorted_codes(counts.parent if unit == "parent" else counts.group)
+    C = len(counts.classes)
+    flat = code.astype(np.int64) * C + counts.label
+    V = np.bincount(flat, weights=counts.n, minlength=len(units) * C).astype(np.int64).reshape(len(units), C)
+    return units, counts.classes, V
 
 
 def hash_in_id_order(ray, folder: str, source: TableSource) -> tuple[str, int]:
