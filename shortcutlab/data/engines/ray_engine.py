@@ -59,6 +59,8 @@ _GEOMETRY = ("x", "y", "w", "h")
 #: Rows per partition of the per-parent step when `partitions` is not given: small enough
 #: that a partition's boxes and overlap pairs sit comfortably in one worker.
 ROWS_PER_PARTITION = 1_000_000
+#: Rows a worker canonicalises or assigns at once (bounds its memory, whatever Ray's blocks hold).
+ROWS_PER_BATCH = 200_000
 
 
 class RayEngineError(EngineError):
@@ -284,7 +286,7 @@ class RayEngine(Engine):
             # and its progress lines would only repeat it.
             logging.getLogger("ray.data").setLevel(logging.CRITICAL)
         ds = ray.data.read_parquet(paths).select_columns(sorted({c for _, c in source_columns(source)}))
-        return ds.count(), ds.map_batches(canonical_block, batch_format="pyarrow", batch_size=None,
+        return ds.count(), ds.map_batches(canonical_block, batch_format="pyarrow", batch_size=ROWS_PER_BATCH,
                                           fn_kwargs={"columns": source.columns(), "source": os.fspath(source.path), "keep": keep})
 
     def parent_table(self, ray, ds, n_rows: int, test_fraction: float | None, geometry: bool, has_group: bool) -> "ParentCounts":
@@ -355,7 +357,7 @@ class RayEngine(Engine):
         import pyarrow as pa
 
         sides = ray.put(pa.table({"unit": units, "side": pa.array(side_u, pa.int8())}))
-        assigned = ds.map_batches(assign_block, batch_format="pyarrow", batch_size=None,
+        assigned = ds.map_batches(assign_block, batch_format="pyarrow", batch_size=ROWS_PER_BATCH,
                                   fn_kwargs={"sides": sides, "unit": unit})
         with atomic_dir(out, kind=MANIFEST_KIND, names=MANIFEST_ENTRIES) as tmp:
             assigned.write_parquet(tmp, partition_cols=["split"])
