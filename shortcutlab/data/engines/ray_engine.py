@@ -280,6 +280,11 @@ class RayEngine(Engine):
         """The source as a Ray Dataset of canonical columns `keep` (step 1), and its row count
         (from the Parquet footers)."""
         ctx = ray.data.DataContext.get_current()
+        # Ray 2.60's new Parquet reader sizes its batches from the chunk's row-group count
+        # instead of its rows on files of several row groups (3 rows a batch, measured), which
+        # took minutes and gigabytes for 1M crops; the first reader reads them in row groups.
+        if hasattr(ctx, "use_datasource_v2"):
+            ctx.use_datasource_v2 = False
         if self.quiet:
             ctx.enable_progress_bars = False
             # A worker's error is raised here as one line (`user_errors`); Ray's own report of it
