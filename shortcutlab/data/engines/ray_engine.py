@@ -3,8 +3,8 @@ by parent, for cohorts no single machine holds (the ``ray`` extra).
 
 What runs where:
 
-1. **Read and canonicalise** (workers, one block of rows at a time): ``ray.data.read_parquet``
-   of a file, a folder or a glob, only the columns the options name; each block becomes
+1. **Read and canonicalise** (workers, `ROWS_PER_BATCH` rows at a time): ``ray.data.read_parquet``
+   of a file, a folder or a glob, only the columns the options name; each batch becomes
    canonical columns through `CropTable.from_frame`, so ids, labels and parents are converted,
    stripped and checked exactly as the in-memory table does them.
 2. **Per parent** (workers, one partition of whole parents at a time): the rows are
@@ -14,14 +14,16 @@ What runs where:
    (crops whose box meets a sibling's, and ``sum 1 - q^(m_i)``, with m_i from the shared
    `overlap.overlap_counts_by_parent`). The partition is reduced with array operations over
    all its parents at once, not a Python call per parent.
-3. **Closed forms and the split's sides** (driver, one row per parent): sizes, class counts
+3. **Closed forms and the split's sides** (driver, one row per (parent, class), see
+   `ParentCounts`): sizes, class counts
    V, `exposure`'s closed forms and `splits.unit_sides_from_counts`, the very functions the
    in-memory engine runs, on the same parents in the same (sorted) order.
-4. **Assignment** (workers, one block of rows at a time): the unit -> side table is put in
-   Ray's object store once and joined to every block; the manifest is written as Hive-
+4. **Assignment** (workers, `ROWS_PER_BATCH` rows at a time): the unit -> side table is put in
+   Ray's object store once and joined to every batch; the manifest is written as Hive-
    partitioned Parquet (``split=train/`` ...) into a temporary folder renamed into place.
 5. **Hash** (driver, serial): the written ids are sorted by Ray and streamed through
-   `manifest.ContentHasher` in id order; a repeated id is found here, next to its twin.
+   `manifest.ContentHasher` in id order; a repeated id is found here, next to its twin. (The
+   audit finds repeated ids with a group-by on the id column, unless ``check_ids=False``.)
 
 Results equal the in-memory engine's: the same figures (to rounding in the last digits of
 the overlap sums, which are added in another order) and the same manifest hash.
