@@ -124,12 +124,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="CPUs of the local Ray (default 2)")
     ap.add_argument("--skip-large", action="store_true", help="only the reference size")
     ap.add_argument("--skip-reference", action="store_true", help="only the large size")
-    ap.add_argument("--no-check-ids", action="store_true", help="the audit skips its repeated-id pass (check_ids=False)")
+    ap.add_argument("--check-ids", action="store_true", help="the audit adds its pass over ids shared across parents (check_ids=True)")
     args = ap.parse_args()
     os.makedirs(args.data, exist_ok=True)
     opts = {"threads": args.threads}
-    if args.no_check_ids:
-        opts["check_ids"] = False
+    if args.check_ids:
+        opts["check_ids"] = True
     print(f"cores {len(os.sched_getaffinity(0))}, load {open('/proc/loadavg').read().strip()}, ray options {opts}", flush=True)
     out = os.path.join(args.data, "out-ray")
     os.makedirs(out, exist_ok=True)

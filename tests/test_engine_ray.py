@@ -115,6 +115,13 @@ def test_a_parent_cut_between_partitions_is_refused():
         collect_parent_rows([per_parent_rows(a, 0.5, True, False), per_parent_rows(b, 0.5, True, False)])
 
 
+def test_per_parent_rows_refuses_an_id_repeated_in_its_partition():
+    block = pa.table({"parent": ["p", "p", "q"], "label": ["a", "a", "a"], "id": ["c1", "c2", "c1"]})
+    with pytest.raises(TableError, match=r"crop ids must be unique; id 'c1' repeats \(parent\(s\) 'p', 'q'\)"):
+        per_parent_rows(block, None, False, False)
+    assert per_parent_rows(block.slice(0, 2), None, False, False).column("n").to_pylist() == [2]
+
+
 def test_per_parent_rows_refuses_a_parent_in_two_groups():
     block = pa.table({"parent": ["p", "p", "r"], "label": ["a", "a", "a"], "group": ["g1", "g2", "g1"]})
     with pytest.raises(TableError, match=r"parent 'p' has crops in 2 different groups \(patients\) \['g1', 'g2'\]"):
@@ -220,22 +227,51 @@ def test_ray_audit_and_split_equal_the_memory_engine_on_1m_crops(ray_session, tm
 @pytest.mark.slow
 def test_ray_refuses_an_id_repeated_across_files_and_a_bad_value_in_one_line(ray_session, tmp_path):
     a = pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": ["p", "q"]})
-    b = pd.DataFrame({"id": ["c", " a"], "label": "x", "parent": ["r", "s"]})
+    b = pd.DataFrame({"id": ["c", " a"], "label": "x", "parent": ["r", "p"]})  # crop a read twice
     folder = tmp_path / "dup"
     folder.mkdir()
     a.to_parquet(folder / "1.parquet", index=False)
     b.to_parquet(folder / "2.parquet", index=False)
     src = TableSource(str(folder), id="id")
     # Ray may read both small files as one block (refused there, naming the rows) or as two
-    # (refused by the id check across blocks): one line naming the id either way.
+    # (refused within the parent's partition, or by the split's id order): one line naming 'a'.
     for run in (lambda: get_engine("ray").audit(src), lambda: get_engine("ray").split(src, str(tmp_path / "m"))):
         with pytest.raises(TableError, match=r"crop ids must be unique.*'a'") as e:
             run()
         assert "\n" not in str(e.value)
     assert not os.path.exists(tmp_path / "m")
+    b.loc[1, "parent"] = "s"  # the id shared by two parents: the audit's check_ids pass finds it
+    b.to_parquet(folder / "2.parquet", index=False)
+    with pytest.raises(TableError, match=r"crop ids must be unique.*'a'"):
+        get_engine("ray", check_ids=True).audit(src)
     b.loc[0, "label"] = " "
     b.to_parquet(folder / "2.parquet", index=False)
     with pytest.raises(TableError) as e:
         get_engine("ray", check_ids=False).audit(src)
     text = str(e.value)
     assert "\n" not in text and "column 'label' is empty or NaN in row" in text and "(id 'c')" in text and "dup" in text
+
+
+@pytest.mark.slow
+def test_cli_split_and_audit_with_engine_ray(tmp_path, capsys):
+    """The command line end to end: `split --engine ray` writes a folder `verify` accepts, with
+    make_split's hash; `audit --engine ray --json` writes the in-memory closed forms."""
+    import json
+
+    from shortcutlab.cli import main
+
+    df = random_table(60, 5.0, 3, mixed=True, seed=8)
+    folder = _write_dataset(df, tmp_path / "crops", 2)
+    table = [folder, "--id", "id", "--label", "label", "--parent", "parent", "--engine", "ray", "--threads", "2"]
+    assert main(["split", *table, "--protocol", "parent", "--test-fraction", "0.25", "--seed", "3", "--out", str(tmp_path / "m")]) == 0
+    assert main(["verify", str(tmp_path / "m")]) == 0
+    t = CropTable.from_frame(df, id="id")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert read_sidecar(str(tmp_path / "m"))["sha256"] == make_split(t, "parent", test_fraction=0.25, seed=3).hash
+    assert main(["audit", *table, "--box", "x,y,w,h", "--json", str(tmp_path / "a.json")]) == 0
+    got = json.loads((tmp_path / "a.json").read_text())
+    want = summarize(CropTable.from_frame(df, id="id", box="x,y,w,h"), 0.2).to_dict()
+    for k in ("n_crops", "n_parents", "exposure", "diversity_ratio", "pixel_overlap", "overlap_share"):
+        assert got[k] == pytest.approx(want[k], abs=1e-12), k
+    capsys.readouterr()
