@@ -602,12 +602,15 @@ def worker_error(text: str) -> Exception | None:
     that exception; None if there is none."""
     import re
 
-    from shortcutlab import errors
+    import sys
 
+    from shortcutlab.errors import ShortcutlabError
+
+    errors = sys.modules[ShortcutlabError.__module__]
     found = None
     for m in re.finditer(r"^shortcutlab\.errors\.(\w+): (.*)$", text, flags=re.M):
         cls = getattr(errors, m.group(1), None)
-        if isinstance(cls, type) and issubclass(cls, errors.ShortcutlabError):
+        if isinstance(cls, type) and issubclass(cls, ShortcutlabError):
             found = cls(m.group(2))
     return found
 
