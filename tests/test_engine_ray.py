@@ -219,7 +219,7 @@ def test_ray_split_by_patient_equals_the_memory_engine(ray_session, tmp_path):
 
 @pytest.mark.slow
 def test_ray_audit_and_split_equal_the_memory_engine_on_1m_crops(ray_session, tmp_path):
-    """Issue 25's check at 1M crops (20,000 parents, 8 files): a few minutes on 2 shared cores."""
+    """Issue 25's check at 1M crops (20,000 parents, 8 files): 39 s on 2 shared cores at load about 5."""
     df = random_table(20000, 50.0, 5, mixed=True, parents_per_group=10, seed=11).sample(frac=1, random_state=2)
     _same_as_memory(tmp_path, df, 8, seeds=[1])
 
