@@ -37,9 +37,11 @@ src = TableSource(path, id="id", label="label", parent="parent", box="x,y,w,h")
 t0 = time.perf_counter()
 audit = eng.audit(src, 0.2)
 t1 = time.perf_counter()
+steps = {"audit " + k: v for k, v in getattr(eng, "timings_", {}).items()}
 rec = eng.split(src, out, test_fraction=0.2, val_fraction=0.1, seed=0)
 t2 = time.perf_counter()
-print(json.dumps({"audit_s": t1 - t0, "split_s": t2 - t1, "audit": audit, "sha256": rec["sha256"], "n_rows": rec["n_rows"]}))
+steps.update({"split " + k: v for k, v in getattr(eng, "timings_", {}).items()})
+print(json.dumps({"audit_s": t1 - t0, "split_s": t2 - t1, "audit": audit, "sha256": rec["sha256"], "n_rows": rec["n_rows"], "steps": steps}))
 """
 
 
@@ -101,8 +103,10 @@ def run_child(engine: str, path: str, out: str, opts: dict) -> dict:
 
 
 def line(name: str, n: int, r: dict) -> str:
+    steps = ", ".join(f"{k} {v:.1f}" for k, v in r["steps"].items())
     return (f"{name:<8} {n:>12,} crops  audit {r['audit_s']:7.1f} s  split {r['split_s']:7.1f} s  "
-            f"process {r['wall_s']:7.1f} s  peak RSS {r['peak_rss_gb']:5.2f} GB  (load {r['load_before']} -> {r['load_after']})")
+            f"process {r['wall_s']:7.1f} s  peak RSS {r['peak_rss_gb']:5.2f} GB  (load {r['load_before']} -> {r['load_after']})"
+            + (f"\n         steps (s): {steps}" if steps else ""))
 
 
 def main() -> None:

@@ -3592,6 +3592,12 @@ from shortcutlab.data.engines import TableSource as _TableSource  # noqa: E402
 from shortcutlab.data.engines import get_engine as _get_engine  # noqa: E402
 
 
+def _manifest_verify(path, expected):
+    from shortcutlab.data.manifest import verify
+
+    return verify(path, expected)
+
+
 def _i25d_audit(path, **cols):
     pytest.importorskip("duckdb")
     return _get_engine("duckdb", threads=1).audit(_TableSource(str(path), **cols))
@@ -3605,6 +3611,11 @@ I25D_CASES = [
     Case("i25d-duplicate-id",
          lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b", " a"], "label": "x", "parent": "p"})), id="id"),
          TableError, ("unique", "'a'", "row 0", "row 2")),
+    Case("i25d-split-duplicate-id",  # the split finds it in its id-ordered hash stream, and writes nothing
+         lambda p: _get_engine("duckdb", batch_rows=1).split(
+             _TableSource(str(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b", "c", " a"], "label": "x", "parent": ["p", "q", "r", "s"]}))),
+                          id="id"), str(p / "m")),
+         TableError, ("unique", "'a'", "2 times", "row 0", "row 3")),
     Case("i25d-box-not-numeric",
          lambda p: _i25d_audit(_i25_parquet(p, _pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": "p", "x": ["1", "oops"],
                                                                "y": 0.0, "w": 5.0, "h": 5.0})), id="id", box="x,y,w,h"),
@@ -3634,6 +3645,12 @@ I25D_CASES = [
     Case("i25d-memory-limit", lambda p: _get_engine("duckdb", memory_limit="lots").audit(_TableSource(str(_i25_parquet(p, _I25D_ONE)), id="id")),
          _EngineError, ("memory limit 'lots'", "2GB")),
     Case("i25d-unknown-engine", lambda p: _get_engine("duckbd"), _EngineError, ("unknown engine 'duckbd'", "did you mean 'duckdb'")),
+    Case("i25d-manifest-folder-repeats-an-id",
+         lambda p: (p.joinpath("m", "split=train").mkdir(parents=True), p.joinpath("m", "split=test").mkdir(),
+                    _pd.DataFrame({"id": ["a", "b"]}).to_parquet(p / "m" / "split=train" / "0.parquet"),
+                    _pd.DataFrame({"id": ["b"]}).to_parquet(p / "m" / "split=test" / "0.parquet"),
+                    _manifest_verify(p / "m", "0" * 64)),
+         SplitError, ("/m", "assigns a crop twice", "'b'")),
 ]
 
 

@@ -17,7 +17,7 @@ import pytest
 from shortcutlab.data.audit import audit
 from shortcutlab.data.engines import EngineError, TableSource, available, get_engine
 from shortcutlab.data.exposure import pixel_overlap_from_counts
-from shortcutlab.data.manifest import ContentHasher, SplitManifest, content_hash, read_sidecar, verify
+from shortcutlab.data.manifest import ContentHasher, SplitManifest, content_hash, folder_hash, read_sidecar, verify
 from shortcutlab.data.overlap import overlap_counts_by_parent
 from shortcutlab.data.random_tables import random_table
 from shortcutlab.data.splits import make_split, parent_split, parent_split_report, unit_sides_from_counts
@@ -126,7 +126,7 @@ def test_memory_engine_audit_and_split_match_the_in_memory_code(tmp_path):
     out = tmp_path / "m.parquet"
     rec = eng.split(src, str(out), test_fraction=0.25, val_fraction=0.1, seed=2)
     expected = make_split(t, "parent", test_fraction=0.25, val_fraction=0.1, seed=2)
-    assert rec["sha256"] == expected.hash == SplitManifest.read(out).hash == verify(out)
+    assert rec["sha256"] == expected.hash == SplitManifest.read(out).hash == verify(out) == folder_hash(out)
     assert read_sidecar(str(out))["report"] == expected.metadata()["report"]
     assert sorted(os.listdir(out)) == [".shortcutlab-output.json", "split=test", "split=train", "split=val"]
 

@@ -24,6 +24,7 @@ import glob
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import pandas as pd
@@ -215,6 +216,10 @@ class DuckDBEngine(Engine):
         temp_directory: where DuckDB spills (default: a temporary folder beside the split's
             output folder, or in the system's temporary folder for an audit); removed after.
         batch_rows: rows per streamed batch of boxes or manifest rows.
+
+    Attributes:
+        timings_: seconds per step of the last `audit` or `split` (validation, counts,
+            overlap, manifest), for benchmarks.
     """
 
     protocols = ("parent",)
@@ -225,18 +230,28 @@ class DuckDBEngine(Engine):
         self.threads = threads
         self.temp_directory = temp_directory
         self.batch_rows = int(batch_rows)
+        self.timings_: dict[str, float] = {}
         if self.batch_rows < 1:
             raise EngineError(f"batch_rows must be a positive integer, got {batch_rows!r}")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise EngineError(f"threads must be a positive integer, got {threads!r}")
 
     # ---------------------------------------------------------------- connection
+    def _timed(self, step: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.timings_[step] = round(time.perf_counter() - t0, 3)
+        return out
+
+    def _threads(self) -> int:
+        if self.threads is not None:
+            return self.threads
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
     def _connect(self, spill: str):
         duckdb = _require_duckdb()
         con = duckdb.connect(":memory:")
-        threads = self.threads
-        if threads is None:
-            threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = self._threads()
         try:
             con.execute(f"SET memory_limit = {_literal(self.memory_limit)}")
         except duckdb.Error as e:
@@ -247,7 +262,7 @@ class DuckDBEngine(Engine):
         con.execute("SET enable_progress_bar = false")
         return con
 
-    def _open(self, con, source: TableSource) -> _Columns:
+    def _open(self, con, source: TableSource, check_ids: bool = True) -> _Columns:
         """Create the view ``crops`` (canonical columns) over `source` and validate it."""
         path = os.fspath(source.path)
         scan, parquet = _scan(path)
@@ -261,9 +276,9 @@ class DuckDBEngine(Engine):
         # Checked through a view that trims every text value; the view the work reads trims
         # only the columns that hold a value to trim (a regular expression per value, saved).
         con.execute(f"CREATE VIEW crops AS SELECT {cols.select()} FROM {scan}")
-        cols.padded = _validate_values(con, cols, path)
+        cols.padded = self._timed("check values", _validate_values, con, cols, path)
         con.execute(f"CREATE OR REPLACE VIEW crops AS SELECT {cols.select()} FROM {scan}")
-        _validate_keys(con, cols, path)
+        self._timed("check ids and groups", _validate_keys, con, cols, path, check_ids)
         return cols
 
     def _spill_dir(self, beside: str | None) -> str:
@@ -274,15 +289,16 @@ class DuckDBEngine(Engine):
     # ---------------------------------------------------------------- audit
     def audit(self, source: TableSource, test_fraction: float = 0.2) -> dict:
         q = check_q(test_fraction)
+        self.timings_ = {}
         spill = self._spill_dir(None)
         try:
             con = self._connect(spill)
             cols = self._open(con, source)
-            V, _, _ = unit_class_counts(con, "parent")
+            V, _, _ = self._timed("counts", unit_class_counts, con, "parent")
             n_groups = _one(con, "SELECT count(DISTINCT grp) FROM crops")[0] if "group" in cols.wanted else None
             pix = share = None
             if cols.geometry():
-                m_values, n_with = overlap_histogram(con, self.batch_rows)
+                m_values, n_with = self._timed("overlap", overlap_histogram, con, self.batch_rows, workers=self._threads())
                 pix = pixel_overlap_from_counts(m_values, q, n_crops=n_with)
                 share = float(n_with[m_values > 0].sum() / n_with.sum())
             con.close()
@@ -298,6 +314,7 @@ class DuckDBEngine(Engine):
     def split(self, source: TableSource, out: str, protocol: str = "parent", test_fraction: float = 0.2,
               val_fraction: float = 0.0, seed: int = 0, unit: str = "parent") -> dict:
         check_protocol(self, protocol)
+        self.timings_ = {}
         unit = "group" if unit in ("group", "patient") else unit
         if unit not in ("parent", "group"):
             raise EngineError(f"split unit must be 'parent' or 'group', got {unit!r}")
@@ -307,14 +324,16 @@ class DuckDBEngine(Engine):
         spill = self._spill_dir(beside)
         try:
             con = self._connect(spill)
-            cols = self._open(con, source)
+            cols = self._open(con, source, check_ids=False)
             if unit == "group" and "group" not in cols.wanted:
                 raise TableError("this table has no group (patient) column; pass --group COL")
-            V, names, classes = unit_class_counts(con, unit)
+            V, names, classes = self._timed("counts", unit_class_counts, con, unit)
             side_u = unit_sides_from_counts(V, test_fraction, val_fraction, seed)
             report = parent_split_report(V, side_u, classes, test_fraction, val_fraction, unit)
             with atomic_dir(out, kind=MANIFEST_KIND, names=MANIFEST_ENTRIES) as tmp:
-                digest, n_rows = _write_manifest(con, unit, names, side_u, tmp, self.batch_rows)
+                digest, n_rows = _write_manifest(con, unit, names, side_u, tmp, self.batch_rows, self._timed)
+                if digest is None:  # a repeated id, found in id order
+                    raise _repeated_id(con, n_rows, os.fspath(source.path))
             con.close()
         finally:
             shutil.rmtree(spill, ignore_errors=True)
@@ -349,17 +368,25 @@ def _validate_values(con, cols: _Columns, path: str) -> set[str]:
     return {k for k, n in zip(text, counts[len(checks):]) if n}
 
 
-def _validate_keys(con, cols: _Columns, path: str) -> None:
-    """The checks across rows: a repeated id, a parent in several groups."""
-    dup = _one(con, "SELECT id, count(*) AS n FROM crops GROUP BY id HAVING count(*) > 1 ORDER BY id LIMIT 1")
+def _validate_keys(con, cols: _Columns, path: str, ids: bool = True) -> None:
+    """The checks across rows: a repeated id (unless `ids` is False: the split finds one in
+    its id-ordered hash stream instead of a ``GROUP BY`` of its own), a parent in several
+    groups."""
+    dup = _one(con, "SELECT id FROM crops GROUP BY id HAVING count(*) > 1 ORDER BY id LIMIT 1") if ids else None
     if dup:
-        rows = con.execute(f"SELECT _file, _row FROM crops WHERE id = {_literal(dup[0])} ORDER BY _file, _row LIMIT 5").fetchall()
-        where = "; ".join(f"{os.path.basename(f)} row {r}" for f, r in rows if r is not None) or path
-        raise TableError(f"crop ids must be unique; id {dup[0]!r} repeats {dup[1]} times in {path} ({where})")
+        raise _repeated_id(con, dup[0], path)
     if "group" in cols.wanted:
         bad = _one(con, "SELECT parent, count(DISTINCT grp) FROM crops GROUP BY parent HAVING count(DISTINCT grp) > 1 ORDER BY parent LIMIT 1")
         if bad:
             raise TableError(f"parent {bad[0]!r} has crops in {bad[1]} different groups (patients) in {path}; a parent must belong to one group")
+
+
+def _repeated_id(con, crop_id: str, path: str) -> TableError:
+    """The error for an id on several rows, naming up to 5 of them."""
+    n = _one(con, f"SELECT count(*) FROM crops WHERE id = {_literal(crop_id)}")[0]
+    rows = con.execute(f"SELECT _file, _row FROM crops WHERE id = {_literal(crop_id)} ORDER BY _file, _row LIMIT 5").fetchall()
+    where = "; ".join(f"{os.path.basename(f)} row {r}" for f, r in rows if r is not None) or path
+    return TableError(f"crop ids must be unique; id {crop_id!r} repeats {n} times in {path} ({where})")
 
 
 def _first_row(con, cond: str, shown: str | None, path: str) -> str:
@@ -386,15 +413,33 @@ def unit_class_counts(con, unit: str) -> tuple[np.ndarray, np.ndarray, tuple[str
     return V, np.asarray(units, dtype=object), tuple(str(c) for c in classes)
 
 
-def overlap_histogram(con, batch_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def overlap_histogram(con, batch_rows: int, workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Values of m (same-parent crops whose box intersects a crop's) and the crops holding
     each, from boxes streamed in parent order; the crops of the last parent of a batch wait
-    for the next batch, so m is always counted over whole parents."""
+    for the next batch, so m is always counted over whole parents. Up to `workers` batches
+    are counted at once (numpy releases the GIL), at most 2 x `workers` held."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    hist = np.zeros(1, dtype=np.int64)
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for codes, boxes in _whole_parent_batches(con, batch_rows):
+            pending.append(pool.submit(_histogram, codes, boxes))
+            while len(pending) > 2 * max(1, workers):
+                hist = _add(hist, pending.popleft().result())
+        while pending:
+            hist = _add(hist, pending.popleft().result())
+    values = np.flatnonzero(hist)
+    return values, hist[values]
+
+
+def _whole_parent_batches(con, batch_rows: int):
+    """(codes, boxes) of batches of whole parents: parent runs numbered from 0, (n, 4) boxes."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     reader = con.sql("SELECT parent, x, y, w, h FROM crops ORDER BY parent").to_arrow_reader(batch_rows)
-    hist = np.zeros(1, dtype=np.int64)
     carry_parent, carry_boxes = None, np.zeros((0, 4))
     for batch in reader:
         parent = batch.column(0)
@@ -406,39 +451,55 @@ def overlap_histogram(con, batch_rows: int) -> tuple[np.ndarray, np.ndarray]:
         new_run = pc.not_equal(parent.slice(1), parent.slice(0, n - 1)).to_numpy(zero_copy_only=False) if n > 1 else np.zeros(0, bool)
         codes = np.r_[0, np.cumsum(new_run)]
         cut = int(np.searchsorted(codes, codes[-1]))  # first crop of the last parent
-        hist = _add_histogram(hist, codes[:cut], boxes[:cut])
+        if cut:
+            yield codes[:cut], boxes[:cut]
         carry_parent, carry_boxes = parent.slice(cut), boxes[cut:]
-    if carry_parent is not None:
-        hist = _add_histogram(hist, np.zeros(len(carry_parent), dtype=np.int64), carry_boxes)
-    values = np.flatnonzero(hist)
-    return values, hist[values]
+    if carry_parent is not None and len(carry_parent):
+        yield np.zeros(len(carry_parent), dtype=np.int64), carry_boxes
 
 
-def _add_histogram(hist: np.ndarray, codes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    if len(codes) == 0:
-        return hist
-    add = np.bincount(overlap_counts_by_parent(codes, boxes))
+def _histogram(codes: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    return np.bincount(overlap_counts_by_parent(codes, boxes))
+
+
+def _add(hist: np.ndarray, add: np.ndarray) -> np.ndarray:
     if len(add) > len(hist):
         hist = np.concatenate([hist, np.zeros(len(add) - len(hist), dtype=np.int64)])
     hist[: len(add)] += add
     return hist
 
 
-def _write_manifest(con, unit: str, names: np.ndarray, side_u: np.ndarray, folder: str, batch_rows: int) -> tuple[str, int]:
+def _write_manifest(con, unit: str, names: np.ndarray, side_u: np.ndarray, folder: str, batch_rows: int, timed) -> tuple[str, int]:
     """Every crop's side by a join on its unit, written as ``split=<side>/`` Parquet folders
     in `folder`; then the content hash streamed from those files in id order."""
     key = "parent" if unit == "parent" else "grp"
     sides = pd.DataFrame({"unit": pd.Series(names, dtype=object), "split": np.array(_SIDE_NAMES, dtype=object)[side_u]})
     con.register("unit_sides", sides)
-    con.execute(f"COPY (SELECT c.id, s.split FROM crops c JOIN unit_sides s ON c.{key} = s.unit) TO {_literal(folder)} "
-                "(FORMAT parquet, PARTITION_BY (split), OVERWRITE_OR_IGNORE true)")
+    timed("write manifest", con.execute, f"COPY (SELECT c.id, s.split FROM crops c JOIN unit_sides s ON c.{key} = s.unit) "
+          f"TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (split), OVERWRITE_OR_IGNORE true)")
     con.unregister("unit_sides")
+    return timed("hash", _hash_manifest, con, folder, batch_rows)
+
+
+def _hash_manifest(con, folder: str, batch_rows: int) -> tuple[str | None, int | str]:
+    """The content hash of the manifest files in `folder` (read back in id order) and their
+    rows; (None, id) when an id repeats (adjacent in id order)."""
+    import pyarrow.compute as pc
+
     files = os.path.join(folder, "split=*", "*.parquet")
     hasher = ContentHasher(["id", "split"])
-    reader = con.sql(f"SELECT id || chr(9) || split || chr(10) AS line FROM read_parquet({_literal(files)}, hive_partitioning=true) "
+    reader = con.sql(f"SELECT id, id || chr(9) || split || chr(10) AS line FROM read_parquet({_literal(files)}, hive_partitioning=true) "
                      "ORDER BY id").to_arrow_reader(batch_rows)
-    n = 0
+    n, last = 0, None
     for batch in reader:
-        hasher.update_lines(batch.column(0))
+        ids = batch.column(0)
+        if len(ids) and last is not None and ids[0].as_py() == last:
+            return None, last
+        if len(ids) > 1:
+            same = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1))
+            if pc.any(same).as_py():
+                return None, ids[int(np.flatnonzero(same.to_numpy(zero_copy_only=False))[0])].as_py()
+        last = ids[len(ids) - 1].as_py() if len(ids) else last
+        hasher.update_lines(batch.column(1))
         n += batch.num_rows
     return hasher.hexdigest(), n
