@@ -213,6 +213,8 @@ def _engine(args):
     from shortcutlab.data.engines import get_engine
 
     options = {k: getattr(args, k) for k in ("memory_limit", "threads") if getattr(args, k, None) is not None}
+    if getattr(args, "ray_address", None):
+        options["address"] = args.ray_address
     return get_engine(args.engine, **options)
 
 
@@ -1102,9 +1104,11 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("engine (tables larger than memory)")
     g.add_argument("--engine", choices=available(), help="where to compute: duckdb reads the table (Parquet file, folder or glob, "
-                   "or CSV) out of core; with an engine, split writes --out as a folder of Parquet files (default: in memory, CSV)")
+                   "or CSV) out of core; ray runs on a Ray cluster (Parquet), partitioned by parent; with an engine, split writes --out as a folder of Parquet files (default: in memory, CSV)")
     g.add_argument("--memory-limit", metavar="SIZE", help="duckdb: memory limit, e.g. 2GB (default 2GB); beyond it sorts spill to disk")
-    g.add_argument("--threads", type=int, metavar="N", help="duckdb: threads (default: the cores available)")
+    g.add_argument("--threads", type=int, metavar="N", help="duckdb: threads (default: the cores available); ray: CPUs of a local Ray")
+    g.add_argument("--ray-address", metavar="ADDR", help="ray: the cluster to run on, 'auto' or HOST:PORT (default: $RAY_ADDRESS, "
+                   "else a local Ray started for the command)")
 
 
 def _add_split_command(sub) -> None:

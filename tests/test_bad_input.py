@@ -3671,3 +3671,64 @@ def test_i25d_cli_engine_errors_are_one_line(tmp_path, capsys) -> None:
     assert "engine 'memory' takes no parameter 'threads'" in line
     line = cli_error(["audit", *table, "--engine", "duckdb", "--image", "id"], capsys)
     assert "--image is not used by --engine duckdb" in line
+# --- issue 25: the ray engine (audit and split on a Ray cluster) -------------------------------
+
+
+def _i25r_engine(**options):
+    return _get_engine("ray", **options)
+
+
+I25R_CASES = [
+    Case("i25r-missing-column", lambda p: _i25r_engine().audit(_TableSource(str(_i25_parquet(p, _I25D_ONE)), id="id", group="pt")),
+         TableError, ("group column 'pt'", "t.parquet", "id, label, parent")),
+    Case("i25r-missing-file", lambda p: _i25r_engine().audit(_TableSource(str(p / "none.parquet"), id="id")),
+         TableError, ("none.parquet", "does not exist")),
+    Case("i25r-glob-matches-nothing", lambda p: _i25r_engine().audit(_TableSource(str(p / "*.parquet"), id="id")),
+         TableError, ("*.parquet", "matches no file")),
+    Case("i25r-csv", lambda p: (p.joinpath("t.csv").write_text("id,label,parent\na,x,p\n"), _i25r_engine().audit(_TableSource(str(p / "t.csv")))),
+         TableError, ("t.csv", "reads Parquet", "not a .parquet file")),
+    Case("i25r-not-parquet", lambda p: (p.joinpath("t.parquet").write_text("id\n1\n"), _i25r_engine().audit(_TableSource(str(p / "t.parquet")))),
+         TableError, ("t.parquet", "not a readable Parquet")),
+    Case("i25r-split-without-id", lambda p: _i25r_engine().split(_TableSource(str(_i25_parquet(p, _I25D_ONE))), str(p / "m")),
+         TableError, ("split needs an id column", "--id")),
+    Case("i25r-split-test-fraction",
+         lambda p: _i25r_engine().split(_TableSource(str(_i25_parquet(p, _I25D_ONE)), id="id"), str(p / "m"), test_fraction=1.5),
+         SplitError, ("test fraction", "1.5")),
+    Case("i25r-crop-protocol",
+         lambda p: _i25r_engine().split(_TableSource(str(_i25_parquet(p, _I25D_ONE)), id="id"), str(p / "m"), protocol="crop"),
+         _EngineError, ("ray engine runs the parent", "'crop'", "--engine memory")),
+    Case("i25r-threads", lambda p: _i25r_engine(threads=0), _EngineError, ("threads", "positive integer", "0")),
+    Case("i25r-threads-on-a-cluster", lambda p: _i25r_engine(address="auto", threads=2), _EngineError, ("local Ray only", "'auto'")),
+]
+
+
+@pytest.mark.parametrize("case", I25R_CASES, ids=[c.id for c in I25R_CASES])
+def test_i25r_ray_engine_bad_input(case: Case, tmp_path) -> None:
+    """Every check here runs before Ray is started (no cluster needed)."""
+    check(case, tmp_path)
+
+
+def test_i25r_cli_ray_options_are_one_line(tmp_path, capsys) -> None:
+    path = _i25_parquet(tmp_path, _pd.DataFrame({"id": ["a", "b"], "label": "x", "parent": ["p", "q"]}))
+    table = [str(path), "--id", "id", "--label", "label", "--parent", "parent"]
+    line = cli_error(["audit", *table, "--engine", "ray", "--memory-limit", "2GB"], capsys)
+    assert "engine 'ray' takes no parameter 'memory_limit'" in line
+    line = cli_error(["audit", *table, "--engine", "ray", "--ray-address", "auto", "--threads", "2"], capsys)
+    assert "threads applies to a local Ray only" in line
+    line = cli_error(["split", *table, "--protocol", "parent", "--out", str(tmp_path / "m"), "--engine", "duckdb",
+                      "--ray-address", "auto"], capsys)
+    assert "engine 'duckdb' takes no parameter 'address'" in line
+
+
+@pytest.mark.slow
+def test_i25r_ray_refuses_a_repeated_id_and_an_empty_label_in_one_cli_line(tmp_path, capsys) -> None:
+    """Starts a local Ray per command (about 10 s each on 2 cores)."""
+    pytest.importorskip("ray.data")
+    path = _i25_parquet(tmp_path, _pd.DataFrame({"id": ["a", "b", " a"], "label": "x", "parent": ["p", "q", "r"]}))
+    table = [str(path), "--id", "id", "--label", "label", "--parent", "parent", "--engine", "ray", "--threads", "1"]
+    line = cli_error(["split", *table, "--protocol", "parent", "--out", str(tmp_path / "m")], capsys)
+    assert "crop ids must be unique" in line and "'a'" in line
+    assert not (tmp_path / "m").exists()
+    path = _i25_parquet(tmp_path, _pd.DataFrame({"id": ["a", "b"], "label": ["x", " "], "parent": "p"}), name="u.parquet")
+    line = cli_error(["audit", str(path), "--id", "id", "--label", "label", "--parent", "parent", "--engine", "ray", "--threads", "1"], capsys)
+    assert "column 'label' is empty or NaN in row 1 (id 'b')" in line and "u.parquet" in line

@@ -3,7 +3,9 @@
 - `memory` (the default): the table read into a `CropTable`;
 - `duckdb`: out of core, for tables larger than memory (the ``duckdb`` extra): per-parent
   counts through SQL, pixel overlap one batch of whole parents at a time, the manifest
-  written as partitioned Parquet.
+  written as partitioned Parquet;
+- `ray`: on a Ray cluster (the ``ray`` extra), partitioned by parent, for cohorts no single
+  machine holds (`ray_engine`).
 
 The contract is in `base` (`Engine`, `TableSource`); engines register by name in `registry`
 (``get_engine("duckdb", memory_limit="2GB")``). Third-party engines join through the
@@ -28,8 +30,10 @@ from shortcutlab.data.engines.registry import DEFAULT_ENGINE, ENTRY_POINT_GROUP,
 # Built-ins register themselves on import (duckdb is imported only when its engine runs).
 from shortcutlab.data.engines.memory import MemoryEngine
 from shortcutlab.data.engines.duckdb_engine import DuckDBEngine
+from shortcutlab.data.engines.ray_engine import RayEngine  # Ray itself is imported only when the engine runs
 
 __all__ = [
-    "AUDIT_KEYS", "DEFAULT_ENGINE", "DuckDBEngine", "ENTRY_POINT_GROUP", "Engine", "EngineError", "MemoryEngine", "TableSource", "available",
+    "AUDIT_KEYS", "DEFAULT_ENGINE", "DuckDBEngine", "ENTRY_POINT_GROUP", "Engine", "EngineError", "MemoryEngine", "RayEngine",
+    "TableSource", "available",
     "check_protocol", "engines_running", "get_engine", "register", "sidecar_of_folder", "unregister",
 ]
