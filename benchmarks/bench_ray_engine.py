@@ -31,22 +31,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_outofcore import generate  # noqa: E402  (the datasets the DuckDB benchmark uses)
+from bench_outofcore import CHILD, generate  # noqa: E402  (the DuckDB benchmark's datasets and its child: one engine's audit + split)
 
-CHILD = r"""
-import json, sys, time, warnings
-warnings.simplefilter("ignore")
-from shortcutlab.data.engines import TableSource, get_engine
-engine, path, out, opts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-eng = get_engine(engine, **opts)
-src = TableSource(path, id="id", label="label", parent="parent", box="x,y,w,h")
-t0 = time.perf_counter()
-audit = eng.audit(src, 0.2)
-t1 = time.perf_counter()
-rec = eng.split(src, out, test_fraction=0.2, val_fraction=0.1, seed=0)
-t2 = time.perf_counter()
-print(json.dumps({"audit_s": t1 - t0, "split_s": t2 - t1, "audit": audit, "sha256": rec["sha256"], "n_rows": rec["n_rows"]}))
-"""
 FIGURES = ("sibling_share", "exposure", "diversity_ratio", "pixel_overlap", "overlap_share")
 
 

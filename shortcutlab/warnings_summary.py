@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
 import warnings
@@ -138,3 +139,17 @@ def collected(stream: TextIO | None = None, prefix: str = "warning") -> Iterator
         out = stream if stream is not None else sys.stderr
         for line in summary_lines(caught, prefix):
             print(line, file=out)
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str, quiet: bool = True) -> Iterator[None]:
+    """Within the block, the logger `name` prints only errors (when `quiet`); its level is
+    restored after. For libraries (Ray) that log routine start-up lines at warning level."""
+    logger = logging.getLogger(name)
+    old = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)

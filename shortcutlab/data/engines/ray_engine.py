@@ -48,6 +48,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import pandas as pd
 
+from shortcutlab.warnings_summary import quiet_logger
 from shortcutlab.errors import TableError
 from shortcutlab.io import atomic_dir, write_json
 from shortcutlab.data.engines.base import AUDIT_KEYS, MANIFEST_ENTRIES, MANIFEST_KIND, Engine, EngineError, TableSource, \
@@ -278,7 +279,7 @@ class RayEngine(Engine):
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            with _quiet("ray", self.quiet), _quiet("ray._private.authentication.authentication_token_setup", self.quiet):
+            with quiet_logger("ray", self.quiet), quiet_logger("ray._private.authentication.authentication_token_setup", self.quiet):
                 ray.init(**opts)
         except (ConnectionError, TimeoutError, RuntimeError) as e:
             where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray"
@@ -614,14 +615,3 @@ def worker_error(text: str) -> Exception | None:
             found = cls(m.group(2))
     return found
 
-
-@contextlib.contextmanager
-def _quiet(name: str, quiet: bool):
-    logger = logging.getLogger(name)
-    old = logger.level
-    if quiet:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)

@@ -39,6 +39,7 @@ import socket
 import sys
 from typing import Any, Mapping, Sequence
 
+from shortcutlab.warnings_summary import quiet_logger
 from shortcutlab.sweep.executors.base import DoneFn, ExecutorError, TaskFailed, TaskFn, check_order
 from shortcutlab.sweep.executors.registry import register
 from shortcutlab.sweep.graph import Task
@@ -106,17 +107,6 @@ def _environ(**values: str | None):
             else:
                 os.environ[k] = v
 
-
-@contextlib.contextmanager
-def _quiet_logger(name: str, quiet: bool):
-    logger = logging.getLogger(name)
-    old = logger.level
-    if quiet:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -246,7 +236,7 @@ class RayExecutor:
         opts.update(self.init_options)
         # Ray warns on every local start that it enabled token authentication (its default,
         # which we keep); the warning is noise for a sweep's user.
-        with _environ(**env), _quiet_logger("ray._private.authentication.authentication_token_setup", self.quiet):
+        with _environ(**env), quiet_logger("ray._private.authentication.authentication_token_setup", self.quiet):
             try:
                 ray.init(**opts)
             except (ConnectionError, TimeoutError, RuntimeError) as e:
