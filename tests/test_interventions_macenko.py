@@ -242,3 +242,29 @@ def test_errors():
         StainNormalize(alpha=50)
     with pytest.raises(InterventionError, match="no stain estimate"):
         StainNormalize().fit(torch.full((2, 3, 8, 8), 0.97))
+
+
+def test_masked_percentiles_of_long_rows_on_several_threads_equal_numpys():
+    """The per-row selection shared among 3 threads (more rows than threads, a row without valid
+    entries among them): every percentile as np.percentile's, adjacent order statistics near
+    both ends of a row and in its middle, coinciding positions (0 and 0.001 on a short row),
+    ties; the input is left as it was (the rows are partitioned in place on copies)."""
+    g = torch.Generator().manual_seed(2)
+    R, N = 7, 200 * 200
+    v = (torch.randn(R, N, generator=g, dtype=torch.float64) * 256).round() / 256
+    valid = torch.rand(R, N, generator=g) < torch.linspace(0.002, 1.0, R)[:, None]
+    valid[3] = False  # no valid entry: garbage for the caller to flag, and no failure
+    qs = (0.0, 0.001, 1.0, 50.0, 98.7, 99.99, 100.0)
+    before = v.clone()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        got = _masked_percentiles(v, valid, qs)
+        got_all = _masked_percentiles(v, None, qs)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(v, before)
+    for r in range(R):
+        if r != 3:
+            np.testing.assert_allclose(got[r].numpy(), np.percentile(v[r][valid[r]].numpy(), qs), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got_all.numpy(), np.percentile(v.numpy(), qs, axis=1).T, rtol=0, atol=1e-12)
