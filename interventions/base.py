@@ -157,8 +157,8 @@ def check_mask(mask: torch.Tensor, x: torch.Tensor, name: str = "mask") -> torch
         raise InterventionError(f"{name} must have shape (B, 1, H, W) = {(B, 1, H, W)} to match the images; got {tuple(mask.shape)}")
     if mask.device != x.device:
         raise InterventionError(f"{name} is on {mask.device} but the images are on {x.device}; move both to one device")
-    if mask.dtype == torch.bool:
-        return mask.to(x.dtype)
+    if mask.dtype == torch.bool:  # through its bytes (0/1): on CPU 5 times faster than bool -> float
+        return mask.view(torch.uint8).to(x.dtype)
     if not mask.is_floating_point():
         if mask.numel() and int(mask.max()) > 1 or (mask.numel() and int(mask.min()) < 0):
             raise InterventionError(f"{name} must hold 0/1 values (or floats in [0, 1]); got integers in [{int(mask.min())}, {int(mask.max())}]")
@@ -177,6 +177,10 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
         stochastic: the output depends on a random draw (`draw_params`).
         label_conditioned: forward needs per-crop context chosen from the labels.
         label: the display name reports use (default: the name with spaces for underscores).
+        output_in_range: `apply` returns a new tensor already clamped to [0, 1] (clamped chunk
+            by chunk while in cache), so forward skips its own clamp, a pass over the whole
+            output (about a tenth of a 224 x 224 stain normalisation on CPU).
+            `shortcutlab.testing.check_intervention` checks the promise.
 
     Hooks (class methods): `targets_for` (per-crop keyword arguments of forward, or None) and
     `check_split` (a split that cannot serve the intervention raises).
@@ -194,6 +198,7 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
     stochastic: ClassVar[bool] = False
     label_conditioned: ClassVar[bool] = False
     label: ClassVar[str] = ""
+    output_in_range: ClassVar[bool] = False
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         super().__init__()
@@ -296,6 +301,8 @@ class Intervention(nn.Module, metaclass=abc.ABCMeta):
         # apply() may return its input (or a view of it); never clamp the caller's tensor in place.
         if y.data_ptr() == x.data_ptr() or y._base is not None:
             return y.clamp(0.0, 1.0)
+        if self.output_in_range:
+            return y
         return y.clamp_(0.0, 1.0) if not y.requires_grad else y.clamp(0.0, 1.0)
 
     def extra_repr(self) -> str:

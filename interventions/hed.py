@@ -123,8 +123,8 @@ def _jitter(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.T
     At = ((Minv[None] * alpha[:, None, :]) @ M).transpose(1, 2)
     o = (beta @ M).div_(-math.log(2.0))[:, :, None]
     x3 = x.reshape(B, 3, HW)
-    # the output is made in its final shape, so that the module's forward clamps it in place
-    # (a view would make it copy), and worked on as (B, 3, H*W)
+    # the output is made in its final shape and worked on as (B, 3, H*W); each chunk is clamped
+    # while in cache (the module's `output_in_range`)
     result = new_output(x.shape, x.dtype, x.device)
     out = result.view(B, 3, HW)
     step = B if x.device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS * torch.get_num_threads() // max(HW, 1)))
@@ -180,6 +180,7 @@ class HEDJitter(Intervention):
 
     label = "HED jitter"
     stochastic = True
+    output_in_range = True  # `_jitter` clamps each chunk
 
     def __init__(self, sigma_alpha: float = 0.05, sigma_beta: float = 0.05, generator: torch.Generator | None = None) -> None:
         super().__init__(generator)

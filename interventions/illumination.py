@@ -77,7 +77,7 @@ from kornia.filters import get_gaussian_kernel1d
 
 from .background import LOCAL_PRIOR_WEIGHT, check_sigma, default_sigma
 from .base import Intervention, InterventionError, check_image, check_mask, warn_not_applicable
-from .memory import new_output
+from .memory import Workspace, new_output
 from .registry import register
 
 # Illumination below one 8-bit grey level carries no signal; dividing by less only amplifies noise.
@@ -104,9 +104,11 @@ def _check_settings(sigma, degree, min_background) -> tuple[float | None, int, f
 
 
 @functools.lru_cache(maxsize=16)
-def _basis_cached(H: int, W: int, degree: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K, H*W) monomials 1, u, v[, u^2, u v, v^2] on coordinates in [-1, 1], and their (H*W, K*K)
-    pairwise products (the Gram matrix of a crop is its weights times these: one product)."""
+def _basis_cached(H: int, W: int, degree: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(K, H*W) monomials 1, u, v[, u^2, u v, v^2] on coordinates in [-1, 1], their (H*W, P)
+    pairwise products phi_i phi_j for i <= j (the Gram matrix of a crop is its weights times
+    these: one product, over the P = K (K + 1) / 2 distinct entries of the symmetric matrix),
+    and the (K*K,) index of each Gram entry among them."""
     v = torch.linspace(-1.0, 1.0, H, dtype=dtype, device=device).view(H, 1).expand(H, W)
     u = torch.linspace(-1.0, 1.0, W, dtype=dtype, device=device).view(1, W).expand(H, W)
     terms = [torch.ones_like(u)]
@@ -115,11 +117,15 @@ def _basis_cached(H: int, W: int, degree: int, dtype: torch.dtype, device: str) 
     if degree >= 2:
         terms += [u * u, u * v, v * v]
     phi = torch.stack(terms).reshape(len(terms), H * W)
-    pairs = (phi[:, None, :] * phi[None, :, :]).reshape(-1, H * W).T.contiguous()
-    return phi, pairs
+    K = len(terms)
+    iu, ju = torch.triu_indices(K, K)
+    pairs = (phi[iu] * phi[ju]).T.contiguous()
+    index = torch.zeros((K, K), dtype=torch.long)
+    index[iu, ju] = index[ju, iu] = torch.arange(len(iu))
+    return phi, pairs, index.reshape(-1).to(device)
 
 
-def polynomial_surface(x: torch.Tensor, w: torch.Tensor, degree: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def polynomial_surface(x: torch.Tensor, w: torch.Tensor, degree: int, out: torch.Tensor | None = None, work: Workspace | None = None) -> torch.Tensor:
     """Weighted least-squares polynomial surface per crop and channel, evaluated on the grid.
 
     The normal equations of every crop come from two matrix products (the weights times the
@@ -133,32 +139,40 @@ def polynomial_surface(x: torch.Tensor, w: torch.Tensor, degree: int, out: torch
             a zero surface.
         degree: 0 (constant: the weighted mean), 1 (plane a + b u + c v) or 2 (quadratic).
         out: optional contiguous (B, C, H, W) tensor of x's dtype to write the surface to.
+        work: optional `memory.Workspace` whose buffers the large intermediates reuse.
 
     Returns:
         (B, C, H, W) surface in x's dtype; u, v run over [-1, 1] across the crop.
     """
     B, C, H, W = x.shape
-    work = torch.float32 if x.device.type == "mps" else torch.float64  # mps has no float64
-    phi, pairs = _basis_cached(H, W, degree, work, str(x.device))
+    wdt = torch.float32 if x.device.type == "mps" else torch.float64  # mps has no float64
+    phi, pairs, index = _basis_cached(H, W, degree, wdt, str(x.device))
     K = phi.shape[0]
-    ww = w.reshape(B, H * W).to(work)
+    ww = w.reshape(B, H * W).to(wdt) if work is None else work.take("surface_w", (B, H * W), wdt, x.device).copy_(w.reshape(B, H * W))
     total = ww.sum(1)  # (B,)
     has_bg = total > 0
     norm = torch.where(has_bg, total, torch.ones_like(total)).view(B, 1, 1)
-    gram = (ww @ pairs).view(B, K, K) / norm
-    # the product is in `work` (float64), in memory marked for huge pages (see `memory`)
-    xw = torch.mul(x.reshape(B, C, H * W), ww[:, None, :], out=new_output((B, C, H * W), work, x.device))
+    gram = (ww @ pairs)[:, index].view(B, K, K) / norm
+    # the product is in float64, in memory marked for huge pages (see `memory`)
+    xw = new_output((B, C, H * W), wdt, x.device) if work is None else work.take("surface_xw", (B, C, H * W), wdt, x.device)
+    xw.copy_(x.reshape(B, C, H * W)).mul_(ww[:, None, :])  # (a mixed-dtype product casts slowly)
     rhs = torch.matmul(xw, phi.T).transpose(1, 2) / norm  # (B, K, C)
-    ridge = torch.full((K,), _RIDGE, dtype=work, device=x.device)
+    ridge = torch.full((K,), _RIDGE, dtype=wdt, device=x.device)
     ridge[0] = 0.0
-    eye = torch.eye(K, dtype=work, device=x.device)
+    eye = torch.eye(K, dtype=wdt, device=x.device)
     gram = torch.where(has_bg.view(B, 1, 1), gram + torch.diag(ridge), eye)
     coef = torch.linalg.solve(gram, rhs)  # (B, K, C)
     coef = torch.where(has_bg.view(B, 1, 1), coef, torch.zeros_like(coef))  # no background: a zero surface
     if out is None:
         out = torch.empty((B, C, H, W), dtype=x.dtype, device=x.device)
-    torch.matmul(coef.transpose(1, 2).to(x.dtype), phi.to(x.dtype), out=out.view(B, C, H * W))
+    torch.matmul(coef.transpose(1, 2).to(x.dtype), _basis_as(H, W, degree, wdt, x.dtype, str(x.device)), out=out.view(B, C, H * W))
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def _basis_as(H: int, W: int, degree: int, wdt: torch.dtype, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """`_basis_cached`'s monomials (made in wdt) cast to dtype, kept for the next chunk."""
+    return _basis_cached(H, W, degree, wdt, device)[0].to(dtype)
 
 
 class _AxisBlur:
@@ -197,28 +211,36 @@ class _AxisBlur:
         corner = full[: self.m, R + 1 :]
         self.TU = torch.where(d[: self.m, R + 1 :] > R, corner, torch.zeros((), dtype=torch.float64)).to(dtype=dtype, device=device)
 
-    def last(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., n) times G (G is symmetric): the blur along the last axis."""
+    def last(self, x: torch.Tensor, work: Workspace | None = None) -> torch.Tensor:
+        """x (..., n) times G (G is symmetric): the blur along the last axis (the result in a
+        buffer of `work` when given)."""
         if self.dense is not None:
             return torch.matmul(x, self.dense)
         x2 = x.reshape(-1, x.shape[-1])
-        y = torch.matmul(torch.matmul(x2, self.U), self.LUt)
+        y = None if work is None else work.take("blur_last", x2.shape, x.dtype, x.device)
+        y = torch.matmul(torch.matmul(x2, self.U), self.LUt, out=y)
         if self.m > 0:  # less the corners beyond the cut, added in place into column slices
             R, m = self.R, self.m
             y[:, :m].addmm_(x2[:, R + 1 :], self.TU.T, alpha=-1.0)
             y[:, R + 1 :].addmm_(x2[:, :m], self.TU, alpha=-1.0)
         return y.view(x.shape)
 
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """G times x (..., n, W): the blur along the second-last axis."""
+    def rows(self, x: torch.Tensor, work: Workspace | None = None) -> torch.Tensor:
+        """G times x (..., n, W): the blur along the second-last axis (the result in a buffer
+        of `work` when given)."""
         if self.dense is not None:
             return torch.matmul(self.dense, x)
         x3 = x.reshape(-1, *x.shape[-2:])
-        y = torch.matmul(self.LUt.T, torch.matmul(self.U.T, x3))
-        if self.m > 0:
-            R, m, b = self.R, self.m, x3.shape[0]
-            y[:, :m].baddbmm_(self.TU.expand(b, m, m), x3[:, R + 1 :], alpha=-1.0)
-            y[:, R + 1 :].baddbmm_(self.TU.T.expand(b, m, m), x3[:, :m], alpha=-1.0)
+        y = None if work is None else work.take("blur_rows", x3.shape, x.dtype, x.device)
+        y = torch.matmul(self.LUt.T, torch.matmul(self.U.T, x3), out=y)
+        if self.m > 0:  # (a product with the corner broadcast over the batch and a subtraction: an
+            # in-place baddbmm with a stride-0 batch runs as one small addmm per image, 4x slower)
+            R, m = self.R, self.m
+            shape = (x3.shape[0], m, x3.shape[2])
+            t = None if work is None else work.take("blur_corner", shape, x.dtype, x.device)
+            y[:, :m].sub_(torch.matmul(self.TU, x3[:, R + 1 :], out=t))
+            t = None if work is None else work.take("blur_corner", shape, x.dtype, x.device)
+            y[:, R + 1 :].sub_(torch.matmul(self.TU.T, x3[:, :m], out=t))
         return y.view(x.shape)
 
 
@@ -230,20 +252,21 @@ def _axis_blur(n: int, sigma: float, dtype: torch.dtype, device: str) -> _AxisBl
     return _AxisBlur(n, sigma, dtype, device)
 
 
-def _smooth(p: torch.Tensor, sigma: float) -> torch.Tensor:
+def _smooth(p: torch.Tensor, sigma: float, work: Workspace | None = None) -> torch.Tensor:
     """`background.gaussian_smooth` of (B, C, H, W) as matrix products along each axis (same
     taps, same zero padding; see `_AxisBlur`): at a quarter of the crop the kernel spans the
     crop, where kornia's separable convolution with its 2 x 168 + 1 taps (224 px) is slow."""
     H, W = p.shape[-2:]
     dev = str(p.device)
-    return _axis_blur(H, sigma, p.dtype, dev).rows(_axis_blur(W, sigma, p.dtype, dev).last(p))
+    return _axis_blur(H, sigma, p.dtype, dev).rows(_axis_blur(W, sigma, p.dtype, dev).last(p, work), work)
 
 
-def _weighted_mean(x: torch.Tensor, w: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+def _weighted_mean(x: torch.Tensor, w: torch.Tensor, total: torch.Tensor, work: Workspace | None = None) -> torch.Tensor:
     """(B, C, 1, 1) means of x (B, C, H, W) weighted by w (B, 1, H, W), over `total` (B, 1, 1, 1).
     A product and torch's pairwise sum, not a bmm: in float32 a bmm's running sum over a 224 x 224
     crop drifts by 1e-4 relative, which the output then carries."""
-    return (w * x).sum(dim=(2, 3), keepdim=True) / total
+    wx = torch.mul(w, x) if work is None else torch.mul(w, x, out=work.take("weighted", x.shape, x.dtype, x.device))
+    return wx.sum(dim=(2, 3), keepdim=True) / total
 
 
 def estimate_illumination(
@@ -271,20 +294,21 @@ def estimate_illumination(
     return _illumination(x, w, mask is not None, default_sigma(x, sigma), degree, min_background, out)
 
 
-def _illumination(x: torch.Tensor, w: torch.Tensor, masked: bool, sigma: float, degree: int, min_background: float, out: torch.Tensor) -> torch.Tensor:
+def _illumination(x: torch.Tensor, w: torch.Tensor, masked: bool, sigma: float, degree: int, min_background: float, out: torch.Tensor,
+                  work: Workspace | None = None) -> torch.Tensor:
     """`estimate_illumination` with the background weights w (B, 1, H, W) given, written to `out`
-    (contiguous, like x)."""
+    (contiguous, like x); `work` the buffers the chunks of one call reuse, or None."""
     B, C, H, W = x.shape
     if not masked:
         degree = min(degree, 1)  # a quadratic would fit the (unmasked) cell as a bump
     share = w.sum(dim=(2, 3)).view(B) / float(H * W)
-    surface = polynomial_surface(x, w, degree, out=out).clamp_min_(ILLUMINATION_FLOOR)
+    surface = polynomial_surface(x, w, degree, out=out, work=work).clamp_min_(ILLUMINATION_FLOOR)
     # normalised convolution of x / Q with the fallback 1 (`background.normalised_convolution`),
     # numerator and denominator blurred together: (G*(w x/Q) + lam) / (G*w + lam)
-    stack = new_output((B, C + 1, H, W), x.dtype, x.device)
+    stack = new_output((B, C + 1, H, W), x.dtype, x.device) if work is None else work.take("stack", (B, C + 1, H, W), x.dtype, x.device)
     torch.div(x, surface, out=stack[:, :C]).mul_(w)
     stack[:, C:] = w
-    blurred = _smooth(stack, sigma).add_(LOCAL_PRIOR_WEIGHT)
+    blurred = _smooth(stack, sigma, work).add_(LOCAL_PRIOR_WEIGHT)
     few = torch.nonzero(share < min_background)[:, 0]
     plane = None
     if len(few):  # too little background to smooth: the plane alone
@@ -302,38 +326,45 @@ _CPU_CHUNK_PIXELS = 1 << 19  # pixels per CPU chunk (10 crops of 224 x 224): mea
 def _flatten(
     x: torch.Tensor, mask: torch.Tensor | None, sigma: float | None, degree: int, min_background: float, target: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flattened batch (a new contiguous tensor, not clamped) and the (B,) flags of crops
-    with some background (the others unchanged); on CPU in chunks of about `_CPU_CHUNK_PIXELS`
-    pixels (every step is per crop), each written straight into the output."""
+    """The flattened batch (a new contiguous tensor, clamped to [0, 1]) and the (B,) flags of
+    crops with some background (the others unchanged); on CPU in chunks of about
+    `_CPU_CHUNK_PIXELS` pixels (every step is per crop), each written straight into the output
+    and clamped there while it is in cache."""
     B, _, H, W = x.shape
     out = new_output(x.shape, x.dtype, x.device)
     ok = torch.empty(B, dtype=torch.bool, device=x.device)
     step = B if x.device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS // max(H * W, 1)))
     s = default_sigma(x, sigma)
+    work = Workspace()  # the chunks' large intermediates, reused from chunk to chunk
     for i in range(0, max(B, 1), step):
         j = min(i + step, B)
-        w = torch.ones_like(x[i:j, :1]) if mask is None else 1.0 - mask[i:j]
-        ok[i:j] = _flatten_chunk(x[i:j], w, mask is not None, s, degree, min_background, target, out[i:j])
+        w = work.take("w", (j - i, 1, H, W), x.dtype, x.device)
+        if mask is None:
+            w.fill_(1.0)
+        else:
+            w.copy_(mask[i:j]).neg_().add_(1.0)  # 1 - mask, exactly as 1.0 - mask
+        ok[i:j] = _flatten_chunk(x[i:j], w, mask is not None, s, degree, min_background, target, out[i:j], work)
     return out, ok
 
 
 def _flatten_chunk(
-    x: torch.Tensor, w: torch.Tensor, masked: bool, sigma: float, degree: int, min_background: float, target: float | None, out: torch.Tensor
+    x: torch.Tensor, w: torch.Tensor, masked: bool, sigma: float, degree: int, min_background: float, target: float | None, out: torch.Tensor,
+    work: Workspace | None = None,
 ) -> torch.Tensor:
-    """Flatten x (B, 3, H, W) with background weights w into `out`; returns the (B,) flags of
-    crops with some background."""
+    """Flatten x (B, 3, H, W) with background weights w into `out` (`work`: reused buffers, or
+    None); returns the (B,) flags of crops with some background."""
     total = w.sum(dim=(2, 3), keepdim=True)
     has_bg = total > 0
     total = torch.where(has_bg, total, torch.ones_like(total))
-    ratio = _illumination(x, w, masked, sigma, degree, min_background, out)
+    ratio = _illumination(x, w, masked, sigma, degree, min_background, out, work)
     ratio = torch.div(x, ratio, out=ratio)
-    level = _weighted_mean(x, w, total)
+    level = _weighted_mean(x, w, total, work)
     if target is not None:  # the background's colour, at mean brightness `target`
         level = level * (target / level.mean(dim=1, keepdim=True).clamp_min(ILLUMINATION_FLOOR))
-    ratio_level = _weighted_mean(ratio, w, total)
+    ratio_level = _weighted_mean(ratio, w, total, work)
     valid = has_bg & (level > ILLUMINATION_FLOOR) & (ratio_level > 0)
     scale = torch.where(valid, level / torch.where(valid, ratio_level, torch.ones_like(ratio_level)), torch.ones_like(level))
-    y = ratio.mul_(scale)
+    y = ratio.mul_(scale).clamp_(0.0, 1.0)
     if not bool(valid.all()):
         y.copy_(torch.where(valid, y, x))
     return has_bg.view(-1)
@@ -374,7 +405,6 @@ def illumination_flattening(
     sigma, degree, min_background = _check_settings(sigma, degree, min_background)
     y, ok = _flatten(x if 0.0 <= lo and hi <= 1.0 else x.clamp(0.0, 1.0), mask, sigma, degree, min_background, _check_level(level))
     warn_not_applicable("illumination_flattening", ok, _NO_BACKGROUND)
-    y = y.clamp_(0.0, 1.0)  # a new tensor: clamped in place
     return (y, ok) if return_applicable else y
 
 
@@ -395,6 +425,7 @@ class IlluminationFlattening(Intervention):
     """
 
     label = "illumination flattening"
+    output_in_range = True  # `_flatten` clamps each chunk
 
     def __init__(self, sigma: float | None = None, degree: int = 2, min_background: float = 0.1, level: float | None = None) -> None:
         super().__init__()

@@ -253,8 +253,8 @@ def _transfer(x: torch.Tensor, w: torch.Tensor | None, tgt_mean: torch.Tensor, t
     HW = H * Wd
     x3 = x.reshape(B, 3, HW)
     w3 = None if w is None else w.reshape(B, 1, HW)
-    # the output is made in its final shape, so that the module's forward clamps it in place
-    # (a view would make it copy), and worked on as (B, 3, H*W)
+    # the output is made in its final shape and worked on as (B, 3, H*W); each chunk is clamped
+    # while in cache (the modules' `output_in_range`)
     result = new_output(x.shape, x.dtype, x.device)
     out = result.view(B, 3, HW)
     empty_all = torch.zeros(B, dtype=torch.bool, device=x.device)
@@ -423,6 +423,7 @@ class Reinhard(Intervention):
     """
 
     label = "Reinhard colour transfer"
+    output_in_range = True  # `_transfer` clamps each chunk
 
     def __init__(self, target_mean: Sequence[float] | None = None, target_std: Sequence[float] | None = None) -> None:
         super().__init__()
@@ -500,6 +501,7 @@ class ReinhardToField(Intervention):
 
     label = "Reinhard transfer to an unseen field"
     label_conditioned = True
+    output_in_range = True  # `_transfer` clamps each chunk
 
     def __init__(self) -> None:
         super().__init__()
