@@ -27,7 +27,9 @@ With CUDA, the interventions are timed on the GPU too (anchors stay on the CPU).
 crops/s from wall time and from this process's CPU time, and the load average before each
 size; on a shared machine the CPU-time figures are steadier, and ``--threads 1`` keeps torch's
 worker threads from waiting on a busy core. The ratios compare against the anchor of the same
-row group. Timings are reported, never asserted.
+row group. The goals are read on wall time with all of torch's threads (the issue's "on 2 cores");
+the CPU-time column says how much of a ratio comes from using both cores where an anchor
+(torchstain's numpy backend, scikit-image) uses one. Timings are reported, never asserted.
 
     python benchmarks/bench_interventions.py              # 256 crops at 64 and 224 px
     python benchmarks/bench_interventions.py --quick      # 64 px only, fewer repeats
@@ -181,19 +183,22 @@ GOALS = {"reinhard": 5.0, "hed_jitter": 3.0, "stain_normalize": 5.0}  # x the ou
 RATE_GOALS = {"illumination_flattening": 500.0}  # crops/s (issue 25)
 
 
-def _verdict(wall: float, cpu: float, goal: float) -> str:
-    return "met" if min(wall, cpu) >= goal else ("met on cpu time" if cpu >= goal else "NOT met")
+def _verdict(wall: float, goal: float) -> str:
+    """The goals are for the machine's cores in use together ("on 2 cores"): wall time decides.
+    The CPU-time figures beside it say how much of that comes from using both cores where an
+    anchor (torchstain's numpy backend, scikit-image) uses one."""
+    return "met" if wall >= goal else "NOT met"
 
 
 def report(size: int, device: str, mine: dict, refs: dict, load: float = float("nan")) -> None:
     print(f"\n{size} x {size} crops, interventions on {device} (load average {load:.1f} before this size)")
-    print(f"  {'method':38s} {'crops':>6s} {'crops/s':>9s} {'(cpu)':>9s}   ratio module/anchor (wall, cpu)")
+    print(f"  {'method':38s} {'crops':>6s} {'crops/s':>9s} {'(cpu)':>9s}   ratio module/anchor (wall, cpu); goals on wall time")
     for name, anchor_names in GROUPS:
         if name not in mine:
             continue
         w, c, n = mine[name]
         rate = RATE_GOALS.get(name)
-        flag = "" if rate is None else f"   (goal >= {rate:.0f} crops/s {_verdict(n / w, n / max(c, 1e-9), rate)})"
+        flag = "" if rate is None else f"   (goal >= {rate:.0f} crops/s {_verdict(n / w, rate)})"
         print(f"  {name + ' (module)':38s} {n:6d} {n / w:9.0f} {n / max(c, 1e-9):9.0f}{flag}")
         if name + " twin" in mine:
             tw, tc, _ = mine[name + " twin"]
@@ -204,7 +209,7 @@ def report(size: int, device: str, mine: dict, refs: dict, load: float = float("
             aw, ac, an = refs[a]
             rw, rc = (n / w) / (an / aw), (n / max(c, 1e-9)) / (an / max(ac, 1e-9))
             goal = GOALS.get(name) if a.startswith(("torchstain", "skimage")) else None
-            flag = "" if goal is None else f"   (goal >= {goal:.0f}x {_verdict(rw, rc, goal)})"
+            flag = "" if goal is None else f"   (goal >= {goal:.0f}x {_verdict(rw, goal)})"
             print(f"    vs {a:34s} {an:6d} {an / aw:9.0f} {an / max(ac, 1e-9):9.0f}   {rw:5.1f}x  {rc:5.1f}x{flag}")
 
 
@@ -213,7 +218,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256, help="crops per intervention call")
     ap.add_argument("--sizes", default="64,224", help="crop sizes in pixels, comma-separated")
     ap.add_argument("--anchor-crops", type=int, default=64, help="crops the per-image anchors loop over")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="each job's best of this many runs (alternating)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--quick", action="store_true", help="64 px only, 2 repeats, 16 anchor crops")
     args = ap.parse_args()

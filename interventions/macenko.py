@@ -25,11 +25,14 @@ nearest-rank percentiles, which moves a few pixels by up to another 0.5/255).
 Batched: every step is a tensor operation over (B, 3, H*W) with per-image reductions (masked
 sums and 3 x 3 covariances by batched products, `torch.linalg.eigh` on (B, 3, 3), percentiles
 from `topk` over the 1% tail of each row, or on CPU for crops of 128 x 128 px and more numpy's
-per-row partition, least squares by a batched 2 x 2 solve); OD is never materialised (all
-steps are affine in ln(x + 1/255)), and steps 5-6 fold into one 3 x 3 map of ln(x + 1/255) per
-image, so the output costs a batched product and an exp. On CPU the batch goes in chunks of
-about 256K pixels per thread, whose large intermediates reuse one set of buffers, so that they
-stay in cache and are not page-faulted in anew for every chunk.
+partition of each tail, cut out of the row with a threshold from a sample; least squares by a
+batched 2 x 2 solve); OD is never materialised (all steps are affine in ln(x + 1/255), and a row
+of ones beside it carries the constant), the angles are ordered by a pseudo-angle that is
+monotone in them and computed as angles only at the order statistics, and steps 5-6 fold into
+one 3 x 4 map of [ln(x + 1/255); 1] per image, so the output costs a batched product and an
+exp. On CPU the batch goes in chunks of 256K (64 px) to 512K (224 px) pixels per thread, whose
+large intermediates reuse one set of buffers (`memory.Workspace`), so that they stay in cache
+and are not page-faulted in anew for every chunk.
 
 Not applicable: a crop with fewer than `min_tissue_pixels` tissue pixels (a background-only
 crop, say), or whose estimate degenerates (both stain vectors equal, non-finite values), is
@@ -65,7 +68,12 @@ REFERENCE_MAX_CONC = np.array([1.9705, 1.0308])
 DEFAULT_IO = 240.0 / 255.0
 OD_OFFSET = 1.0 / 255.0
 _LN2 = math.log(2.0)
-_CPU_CHUNK_PIXELS = 1 << 18  # pixels per CPU chunk and thread: intermediates stay in cache (1 << 17 cost 10-20% more CPU at 64 and 224 px, 1 << 19 more at 64 px)
+# pixels per CPU chunk and thread: the intermediates stay in cache, and each chunk's fixed cost
+# (about 1 ms of small steps) is spread over enough crops. Measured on 2 threads: 1 << 18 fastest
+# at 64 px (1 << 17 and 1 << 19 cost 10-20% more); with the per-row numpy selection (crops of
+# _NUMPY_SELECT_MIN pixels and more) 1 << 19, 10% faster than 1 << 18 at 224 px.
+_CPU_CHUNK_PIXELS = 1 << 18
+_CPU_CHUNK_PIXELS_LONG_ROWS = 1 << 19
 _NUMPY_SELECT_MIN = 1 << 14  # row length from which numpy's per-row partition beats torch's topk on CPU
 
 
@@ -416,7 +424,7 @@ def estimate_stains(
 def _normalize(x, mask, HE_ref: np.ndarray, maxC_ref: np.ndarray, Io, alpha, beta, min_px) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalise a validated batch; returns the output and the (B,) applicable flags.
 
-    On CPU the batch goes in chunks of about _CPU_CHUNK_PIXELS pixels per thread (every step is
+    On CPU the batch goes in chunks of about _CPU_CHUNK_PIXELS(_LONG_ROWS) pixels a thread (every step is
     per image), so that the intermediates stay in cache and their memory is reused.
     """
     B, _, H, W = x.shape
@@ -433,7 +441,8 @@ def _normalize(x, mask, HE_ref: np.ndarray, maxC_ref: np.ndarray, Io, alpha, bet
     result = new_output(x.shape, x.dtype, x.device)
     out = result.view(B, 3, HW)
     ok_all = torch.empty(B, dtype=torch.bool, device=x.device)
-    step = B if x.device.type != "cpu" else max(1, min(B, _CPU_CHUNK_PIXELS * torch.get_num_threads() // max(HW, 1)))
+    per_thread = _CPU_CHUNK_PIXELS_LONG_ROWS if HW >= _NUMPY_SELECT_MIN else _CPU_CHUNK_PIXELS
+    step = B if x.device.type != "cpu" else max(1, min(B, per_thread * torch.get_num_threads() // max(HW, 1)))
     work = Workspace()
     for i in range(0, B, step):
         j = min(i + step, B)

@@ -268,3 +268,62 @@ def test_masked_percentiles_of_long_rows_on_several_threads_equal_numpys():
         if r != 3:
             np.testing.assert_allclose(got[r].numpy(), np.percentile(v[r][valid[r]].numpy(), qs), rtol=0, atol=1e-12)
     np.testing.assert_allclose(got_all.numpy(), np.percentile(v.numpy(), qs, axis=1).T, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-14), (torch.float32, 1e-6)])
+def test_pseudo_angle_orders_points_as_atan2_and_inverts_to_it(dtype, atol):
+    """The pseudo-angle the percentiles are taken of: strictly increasing in numpy's arctan2
+    over all four quadrants, the axes and both signed zeros on the negative x axis (the branch
+    cut at +-pi), and mapped back onto arctan2 by `_angle_of_pseudo`."""
+    from interventions.macenko import _angle_of_pseudo, _pseudo_angle
+
+    g = torch.Generator().manual_seed(3)
+    pts = torch.randn(2, 4000, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, 4000, dtype=torch.float64)
+    # (x, y) on the axes: +-pi/2, 0, and the negative x axis with y = +0.0 (pi) and -0.0 (-pi)
+    axis_x = [0.0, 0.0, 1.0, 2.0, -1.0, -2.0, -1.0, -3.0]
+    axis_y = [1.0, -1.0, 0.0, -0.0, 0.0, 0.0, -0.0, -0.0]
+    y, x = torch.cat((pts, torch.tensor([axis_y, axis_x], dtype=torch.float64)), 1).to(dtype)
+    psi = _pseudo_angle(y, x, out=torch.empty_like(x), scratch=torch.empty_like(x))
+    ref = np.arctan2(y.double().numpy(), x.double().numpy())
+    order = np.argsort(ref, kind="stable")
+    d = np.diff(psi.double().numpy()[order])
+    distinct = np.diff(ref[order]) > 1e-5  # points whose angles differ beyond float32 rounding
+    assert (d[distinct] > 0).all()
+    np.testing.assert_allclose(_angle_of_pseudo(psi).double().numpy(), ref, rtol=0, atol=atol * 4)
+
+
+def test_angle_percentiles_through_the_pseudo_angle_equal_numpys():
+    """Percentiles of the angles taken on the pseudo-angle (its order statistics turned into
+    angles, then interpolated) equal np.percentile of np.arctan2, on long rows (numpy's cut)
+    and short ones (topk), with a mask."""
+    from interventions.macenko import _angle_of_pseudo, _pseudo_angle
+
+    g = torch.Generator().manual_seed(4)
+    for N in (300, 224 * 224):
+        y, x = torch.randn(2, 3, N, generator=g, dtype=torch.float64)
+        y = y + 0.5
+        valid = torch.rand(3, N, generator=g) < 0.6
+        psi = _pseudo_angle(y, x, out=torch.empty_like(x), scratch=torch.empty_like(x))
+        got = _masked_percentiles(psi, valid, (1.0, 50.0, 99.0), transform=_angle_of_pseudo)
+        for r in range(3):
+            ref = np.percentile(np.arctan2(y[r][valid[r]].numpy(), x[r][valid[r]].numpy()), [1.0, 50.0, 99.0])
+            np.testing.assert_allclose(got[r].numpy(), ref, rtol=0, atol=1e-12)
+
+
+def test_a_misleading_sample_falls_back_to_the_whole_row():
+    """The tails are cut with thresholds read from every 16th entry; where those entries are not
+    like the rest (here far above it, so the cut holds too few entries, or far below, so it holds
+    nearly all), the percentiles are still np.percentile's."""
+    g = torch.Generator().manual_seed(5)
+    N = 224 * 224
+    v = torch.randn(4, N, generator=g, dtype=torch.float64)
+    v[0, ::16] += 1000.0
+    v[1, ::16] -= 1000.0
+    v[2, ::16] = 7.0  # ties at the sample's entries
+    qs = (0.5, 1.0, 99.0, 99.9)
+    got = _masked_percentiles(v, None, qs)
+    np.testing.assert_allclose(got.numpy(), np.percentile(v.numpy(), qs, axis=1).T, rtol=0, atol=1e-12)
+    valid = torch.rand(4, N, generator=g) < 0.3
+    got = _masked_percentiles(v, valid, qs)
+    for r in range(4):
+        np.testing.assert_allclose(got[r].numpy(), np.percentile(v[r][valid[r]].numpy(), qs), rtol=0, atol=1e-12)

@@ -40,3 +40,19 @@ def test_the_real_call_is_accepted_and_keeps_the_values():
     y = memory.new_output(x.shape, x.dtype, x.device)
     y.copy_(x)
     assert torch.equal(y, x)
+
+
+def test_workspace_hands_out_the_leading_rows_of_one_buffer_until_another_is_needed():
+    from interventions.memory import Workspace
+
+    work = Workspace()
+    a = work.take("x", (4, 3, 5), torch.float32, "cpu")
+    a.fill_(7.0)
+    b = work.take("x", (2, 3, 5), torch.float32, "cpu")  # fewer rows: the same memory, kept as it was
+    assert b.data_ptr() == a.data_ptr() and tuple(b.shape) == (2, 3, 5) and bool((b == 7.0).all())
+    c = work.take("x", (6, 3, 5), torch.float32, "cpu")  # more rows: a new buffer
+    assert tuple(c.shape) == (6, 3, 5) and c.is_contiguous()
+    for other in (((6, 3, 4), torch.float32), ((6, 3, 5), torch.float64)):  # other trailing shape, dtype
+        d = work.take("x", *other, "cpu")
+        assert tuple(d.shape) == other[0] and d.dtype == other[1]
+    assert work.take("y", (6, 3, 5), torch.float32, "cpu").data_ptr() != work.take("x", (6, 3, 5), torch.float32, "cpu").data_ptr()
