@@ -57,6 +57,8 @@ from torch import nn
 
 from shortcutlab.errors import ShortcutlabError
 
+from .memory import new_output
+
 # Inputs may overshoot [0, 1] by this much (resampling, float rounding) and are then clamped.
 RANGE_TOL = 1e-4
 
@@ -158,14 +160,22 @@ def check_mask(mask: torch.Tensor, x: torch.Tensor, name: str = "mask") -> torch
     if mask.device != x.device:
         raise InterventionError(f"{name} is on {mask.device} but the images are on {x.device}; move both to one device")
     if mask.dtype == torch.bool:  # through its bytes (0/1): on CPU 5 times faster than bool -> float
-        return mask.view(torch.uint8).to(x.dtype)
+        return _converted(mask.view(torch.uint8), x.dtype)
     if not mask.is_floating_point():
         if mask.numel() and int(mask.max()) > 1 or (mask.numel() and int(mask.min()) < 0):
             raise InterventionError(f"{name} must hold 0/1 values (or floats in [0, 1]); got integers in [{int(mask.min())}, {int(mask.max())}]")
-        return mask.to(x.dtype)
+        return _converted(mask, x.dtype)
     if mask.numel() and not (float(mask.min()) >= 0 and float(mask.max()) <= 1):
         raise InterventionError(f"{name} must hold values in [0, 1]; got min {float(mask.min()):.4g}, max {float(mask.max()):.4g}")
-    return mask.to(x.dtype)
+    return _converted(mask, x.dtype)
+
+
+def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t as dtype: t itself if it already is, else a copy in memory with the huge-page hint
+    (`memory.new_output`: a batch's mask at 224 px is 50 MB, page-faulted 4 KB at a time otherwise)."""
+    if t.dtype == dtype:
+        return t
+    return new_output(t.shape, dtype, t.device).copy_(t)
 
 
 class Intervention(nn.Module, metaclass=abc.ABCMeta):
