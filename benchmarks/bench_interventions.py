@@ -11,9 +11,9 @@ flips, at 224 x 224 random windows with flips. Each intervention module runs on 
 cell crop, the others without), as a module (what a sweep calls: its forward also checks the
 range and clamps) and as the function twin. The per-image anchors loop over --anchor-crops
 crops (their time is linear in the number of crops, so crops/s carry over). Ours and the
-anchors alternate: every repeat runs each of them once, starting a few jobs further on each
-time, and each keeps its best of --repeats, so that a neighbour's burst of load hits both sides
-alike and no job always runs right after the same one. Anchors:
+anchors alternate: every repeat runs each of them once, in an order shuffled anew each time,
+and each keeps its best of --repeats, so that a neighbour's burst of load hits both sides alike
+and no job always runs right after the same one. Anchors:
 
 - torchstain ReinhardNormalizer (numpy, torch), fitted on a target tile, ``normalize(I)``;
 - torchstain MacenkoNormalizer (numpy, torch), fitted on a target tile, ``normalize(I=..., stains=False)``;
@@ -83,15 +83,14 @@ def disc_masks(n: int, size: int) -> torch.Tensor:
 
 
 def alternate(jobs: dict[str, tuple[Callable, int]], repeats: int, sync: Callable = lambda: None) -> dict[str, tuple[float, float, int]]:
-    """Run every job once per repeat, in turn, each repeat starting one job further on (so that no
-    job always runs right after the same neighbour: the first one after the anchors, which leave
-    the allocator's memory in another state, ran 20-30% slower); name -> (best wall s, best
-    process-CPU s, crops)."""
+    """Run every job once per repeat, in an order shuffled anew each repeat (seeded), so that no
+    job always runs right after the same neighbour (the first one after the anchors ran 20-30%
+    slower every time); name -> (best wall s, best process-CPU s, crops)."""
     best = {k: [float("inf"), float("inf"), n] for k, (_, n) in jobs.items()}
-    order = list(jobs.items())
-    for r in range(repeats):
-        shift = (r * max(1, len(order) // repeats)) % len(order)
-        for name, (fn, _) in order[shift:] + order[:shift]:
+    rng = np.random.default_rng(0)
+    for _ in range(repeats):
+        order = list(jobs.items())
+        for name, (fn, _) in (order[i] for i in rng.permutation(len(order))):
             sync()
             t, c = time.perf_counter(), time.process_time()
             fn()

@@ -11,7 +11,10 @@ folder under a temporary name, the progress bar (on, as a user has it) and gathe
 tidy tables.
 
 Repeated `--repeats` times, alternating which goes first, and the fastest of each is kept (the
-cores are shared; the load is printed before and after). Printed from the same run:
+cores are shared; the load is printed before and after). After each run its folder is removed
+and the disk's dirty pages written back (`os.sync`, not timed): otherwise a run's file
+creation competes with the write-back of the run before it (the synthesise tasks' PNGs), which
+made the same six synthesise tasks take 0.4 to 2.2 s from run to run and decided the ratio. Printed from the same run:
 
 - wall time, best of N and median, of each, and the ratio sweep / loop (the goal);
 - process CPU time (all threads), best of N: a second view, though the system time of the
@@ -135,6 +138,8 @@ def timed_run(which: str, cfg, threads: int, given: int | None = None, where: st
         return {"wall": wall, "cpu": cpu, "inside": inside.seconds, "inside_cpu": inside.cpu, "threads": inside.threads}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if hasattr(os, "sync"):  # untimed: the next run starts on a disk that has written this one back
+            os.sync()
 
 
 def load() -> str:
