@@ -19,7 +19,7 @@ PACKAGES = ("shortcutlab", "interventions", "probes")
 #: Bottom to top. A module may import its own layer or any layer below; the list is the
 #: one in ARCHITECTURE.md. A prefix names a module or a whole subpackage.
 LAYERS: list[tuple[str, ...]] = [
-    ("shortcutlab.errors", "shortcutlab.version", "shortcutlab.markdown", "shortcutlab.warnings_summary"),
+    ("shortcutlab.errors", "shortcutlab.version", "shortcutlab.markdown", "shortcutlab.warnings_summary", "shortcutlab.environ"),
     ("shortcutlab.io", "shortcutlab.paths", "shortcutlab.plugins", "shortcutlab.stats"),
     ("shortcutlab.data", "shortcutlab.ingest"),
     ("shortcutlab.synth",),

@@ -48,6 +48,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import pandas as pd
 
+from shortcutlab.environ import environ
 from shortcutlab.warnings_summary import quiet_logger
 from shortcutlab.errors import TableError
 from shortcutlab.io import atomic_dir, write_json
@@ -276,20 +277,12 @@ class RayEngine(Engine):
             env["PYTHONPATH"] = os.pathsep.join([here] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
         else:
             opts["address"] = self.address
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
         try:
-            with quiet_logger("ray", self.quiet), quiet_logger("ray._private.authentication.authentication_token_setup", self.quiet):
+            with environ(**env), quiet_logger("ray", self.quiet), quiet_logger("ray._private.authentication.authentication_token_setup", self.quiet):
                 ray.init(**opts)
         except (ConnectionError, TimeoutError, RuntimeError) as e:
             where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray"
             raise RayEngineError(f"cannot start or reach {where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         try:
             yield ray
         finally:

@@ -39,6 +39,7 @@ import socket
 import sys
 from typing import Any, Mapping, Sequence
 
+from shortcutlab.environ import environ
 from shortcutlab.warnings_summary import quiet_logger
 from shortcutlab.sweep.executors.base import DoneFn, ExecutorError, TaskFailed, TaskFn, check_order
 from shortcutlab.sweep.executors.registry import register
@@ -89,24 +90,6 @@ def _extra_sys_path() -> list[str]:
         if os.path.isdir(full) and not (full + os.sep).startswith(prefixes) and full not in out:
             out.append(full)
     return out
-
-
-@contextlib.contextmanager
-def _environ(**values: str | None):
-    """Set environment variables for a block (None: leave as is); restore them after."""
-    old = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is not None:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -236,7 +219,7 @@ class RayExecutor:
         opts.update(self.init_options)
         # Ray warns on every local start that it enabled token authentication (its default,
         # which we keep); the warning is noise for a sweep's user.
-        with _environ(**env), quiet_logger("ray._private.authentication.authentication_token_setup", self.quiet):
+        with environ(**env), quiet_logger("ray._private.authentication.authentication_token_setup", self.quiet):
             try:
                 ray.init(**opts)
             except (ConnectionError, TimeoutError, RuntimeError) as e:
