@@ -16,7 +16,10 @@ and the disk's dirty pages written back (`os.sync`, not timed): otherwise a run'
 creation competes with the write-back of the run before it (the synthesise tasks' PNGs), which
 made the same six synthesise tasks take 0.4 to 2.2 s from run to run and decided the ratio. Printed from the same run:
 
-- wall time, best of N and median, of each, and the ratio sweep / loop (the goal);
+- wall time, best of N and median, of each, and the ratio sweep / loop (the goal); and the
+  ratio within each repeat's pair of runs, which run back to back: on disk every run's time
+  drifts (the same synthesise tasks took 1.2 s in the first runs and 2.2 s in later ones, on
+  both sides alike, write-back or not), so the best of N favours whichever ran first;
 - process CPU time (all threads), best of N: a second view, though the system time of the
   benchmark's file writes makes it vary from run to run as well;
 - the time inside the task functions per kind of task, in each: the check that the tasks do
@@ -183,6 +186,9 @@ def report(runs: dict[str, list[dict]], n: int, threads: int, load_before: str, 
     print(f"wall, best of {len(runs['loop'])}: plain loop {lw:.2f} s, run_sweep {sw:.2f} s, "
           f"sweep/loop {sw / lw:.3f} ({100 * (sw / lw - 1):+.1f}%, goal <= +5%)")
     print(f"wall, median: plain loop {med['loop']:.2f} s, run_sweep {med['sweep']:.2f} s, sweep/loop {med['sweep'] / med['loop']:.3f}")
+    pairs = sorted(s["wall"] / lo["wall"] for s, lo in zip(runs["sweep"], runs["loop"]))
+    print(f"wall, sweep/loop of the two runs of each repeat (run back to back, so on the same disk state): median "
+          f"{statistics.median(pairs):.3f}, from {pairs[0]:.3f} to {pairs[-1]:.3f}")
     print(f"process CPU, best of {len(runs['loop'])}: plain loop {lc:.2f} s, run_sweep {sc:.2f} s, "
           f"sweep/loop {sc / lc:.3f} ({100 * (sc / lc - 1):+.1f}%)")
     print("inside the task functions, best of N per kind (loop -> sweep): " + ", ".join(
