@@ -51,8 +51,6 @@ Example:
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -210,21 +208,6 @@ def _sample_rank(k: int, m: int, n: int) -> int:
     margin: k m / n, plus three standard deviations and 8."""
     j = math.ceil(k * m / n)
     return j + int(3.0 * math.sqrt(j)) + 8
-
-
-_POOL: dict = {}  # "pool" -> (pid, workers, ThreadPoolExecutor) of `_row_pool`
-
-
-def _row_pool(workers: int) -> ThreadPoolExecutor:
-    """A process-wide pool of `workers` threads for `_order_statistics_numpy`, made anew after a
-    fork (a forked child has none of its parent's threads) or when more workers are wanted."""
-    pid, have, pool = _POOL.get("pool", (None, 0, None))
-    if pid != os.getpid() or have < workers:
-        if pid == os.getpid():
-            pool.shutdown(wait=False)  # a smaller one: its threads end once idle
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="macenko-select")
-        _POOL["pool"] = (os.getpid(), workers, pool)
-    return pool
 
 
 def _masked_percentiles(v: torch.Tensor, valid: torch.Tensor | None, qs: Sequence[float], *, n: torch.Tensor | None = None, overwrite: bool = False,

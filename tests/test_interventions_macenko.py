@@ -245,10 +245,11 @@ def test_errors():
 
 
 def test_masked_percentiles_of_long_rows_on_several_threads_equal_numpys():
-    """The per-row selection shared among 3 threads (more rows than threads, a row without valid
+    """The per-row selection with torch on 3 threads (more rows than threads, a row without valid
     entries among them): every percentile as np.percentile's, adjacent order statistics near
-    both ends of a row and in its middle, coinciding positions (0 and 0.001 on a short row),
-    ties; the input is left as it was (the rows are partitioned in place on copies)."""
+    both ends of a row and in its middle (the middle ones wider than the tails the cut takes,
+    so partitioned whole), coinciding positions (0 and 0.001 on a short row), ties; the input
+    is left as it was (the invalid entries are made NaN on a copy)."""
     g = torch.Generator().manual_seed(2)
     R, N = 7, 200 * 200
     v = (torch.randn(R, N, generator=g, dtype=torch.float64) * 256).round() / 256
