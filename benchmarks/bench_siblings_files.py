@@ -69,20 +69,40 @@ def _write(folder: str, start: int, images: np.ndarray) -> None:
         list(pool.map(one, range(len(images))))
 
 
-def generate(data: str, n_train: int, n_test: int, copies: int, seed: int = 0) -> np.ndarray:
-    """Write the PNGs (unless a previous run finished them) and return each copy's source index.
+def planted(copies: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each planted copy's source index, dihedral transform and brightness gain.
 
     Copies are test images 0 .. copies-1; their sources are drawn from the first 16,000
     training images, so every size shares the same planted pairs.
     """
-    from shortcutlab.data.siblings import apply_transform
-
     rng = np.random.default_rng(seed)
+    return rng.integers(0, 16_000, copies), rng.integers(0, 8, copies), rng.uniform(0.8, 1.2, copies)
+
+
+def generate(data: str, n_train: int, n_test: int, copies: int, seed: int = 0) -> np.ndarray:
+    """Write the PNGs (unless a previous run finished them) in a child process and return each
+    copy's source index.
+
+    The writing runs in its own process: Linux carries a process's peak resident memory across
+    fork and exec into its children's ``ru_maxrss``, so a parent that had grown while writing
+    would lift every contender's measured peak to its own.
+    """
     if n_train < 16_000 or n_test < copies:
         raise SystemExit(f"need >= 16,000 training images and >= {copies} test images (the planted pairs); got {n_train:,} and {n_test:,}")
-    src = rng.integers(0, 16_000, copies)
-    g = rng.integers(0, 8, copies)
-    gain = rng.uniform(0.8, 1.2, copies)
+    marks = [os.path.join(data, side, f".done-{n}") for side, n in (("train", n_train), ("test", n_test))]
+    if not all(os.path.exists(m) for m in marks):
+        cmd = [sys.executable, __file__, "--data", data, "--copies", str(copies),
+               "--write", str(n_train), str(n_test), str(seed)]
+        if subprocess.run(cmd).returncode:
+            raise SystemExit("writing the PNGs failed (above)")
+    return planted(copies, seed)[0]
+
+
+def write(data: str, n_train: int, n_test: int, copies: int, seed: int = 0) -> None:
+    """The PNGs of `generate`, written in this process."""
+    from shortcutlab.data.siblings import apply_transform
+
+    src, g, gain = planted(copies, seed)
     for side, n in (("train", n_train), ("test", n_test)):
         folder = os.path.join(data, side)
         done_mark = os.path.join(folder, f".done-{n}")
@@ -101,7 +121,6 @@ def generate(data: str, n_train: int, n_test: int, copies: int, seed: int = 0) -
             _write(folder, lo, block)
         open(done_mark, "w").close()
         print(f"wrote {n:,} {side} PNGs in {time.perf_counter() - t0:.0f} s (not timed)", flush=True)
-    return src
 
 
 def _train_image(data: str, k: int) -> np.ndarray:
@@ -222,7 +241,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--scale", help="comma-separated training-side sizes: our peak memory at each")
     parser.add_argument("--anchor", nargs=2, metavar=("TRAIN", "TEST"), help=argparse.SUPPRESS)
+    parser.add_argument("--write", nargs=3, type=int, metavar=("N_TRAIN", "N_TEST", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.write:
+        sys.path.insert(0, ROOT)
+        write(args.data, *args.write[:2], args.copies, args.write[2])
+        return 0
     if args.anchor:
         anchor(*args.anchor)
         return 0
