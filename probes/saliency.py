@@ -470,10 +470,14 @@ def _build_twin(adapter: ModelAdapter, pairs, x: torch.Tensor) -> ModelAdapter |
 #: (model class, device, dtype, crop shape) -> 'twin' or 'plain', timed once per process.
 _FORWARD_CHOICE: dict[tuple, str] = {}
 #: The twin is used only where its forward pass takes at most this share of the plain one's
-#: time: folding is exact up to rounding but not free to check, and on some CPUs (torch 2.14,
-#: 2 cores) the folded channels-last forward measured 11-17% slower than the plain one.
-TWIN_MARGIN = 0.9
-_PROBE_CROPS = 16
+#: time: on some CPUs (torch 2.14, 2 cores) the folded channels-last forward measured 11-17%
+#: slower than the plain one. A best of 3 on 32 crops varies by about 3% run to run here, so
+#: 0.95 keeps a twin that is not faster out; at 0.9 a ResNet-18 twin 1.18x faster on batches
+#: of 250 was turned down (its 32-crop ratio read 0.87-0.92).
+TWIN_MARGIN = 0.95
+#: Crops the forward choice is timed on: a ResNet-18's twin measured 0.91x the plain time on
+#: 16 crops but 0.70-0.86x on batches of 32-250 (torch 2.14, 1 thread), so 16 understated it.
+_PROBE_CROPS = 32
 _PROBE_REPEATS = 3
 
 
@@ -501,7 +505,7 @@ def forward_choice(adapter: ModelAdapter, x: torch.Tensor, *, timer=_wall_time, 
 
     'plain' where the adapter has no inference twin (training mode, no conv -> BatchNorm pair,
     or the twin failed its check). Otherwise, the first time a (model class, device, dtype, crop
-    shape) is seen, the plain and twin forward passes (no autograd) run on up to 16 crops of `x`,
+    shape) is seen, the plain and twin forward passes (no autograd) run on up to 32 crops of `x`,
     once untimed and `_PROBE_REPEATS` times timed, alternating; the twin is chosen only where
     it is faster by `TWIN_MARGIN` (`pick_forward`), so the check is never slower than the
     user's model by the twin's doing. The choice is kept for the process (``refresh=True``
